@@ -1,0 +1,122 @@
+"""The ``coursekit`` command: one small class per subcommand, one registry, errors become exit codes.
+
+Subcommands import their heavy dependencies (torch, deepspeed, nbgrader) only when they run, so
+``coursekit memory`` answers instantly.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+
+class Command:
+    name = ""
+    help = ""
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        pass
+
+    def run(self, args, rest: list[str]) -> int:
+        raise NotImplementedError
+
+
+class Passthrough(Command):
+    """A subcommand whose module parses its own arguments: ``module.main(argv) -> int``."""
+
+    target = ""
+
+    def run(self, args, rest):
+        mod, fn = self.target.split(":")
+        return int(getattr(importlib.import_module(mod), fn)(rest) or 0)
+
+
+class Demo(Passthrough):
+    name, help, target = "demo", "the main job: short real trainings on 1 and 2+ processes, a table", \
+        "coursekit.demo:main"
+
+
+class Train(Command):
+    name, help = "train", "run the reference trainer through the launcher (all trainer options accepted)"
+
+    def add_arguments(self, p):
+        p.add_argument("--nproc", type=int, default=None, help="processes (default: GPUs present, else 2; "
+                       "1 for --strategy single)")
+        p.add_argument("--timeout", type=float, default=600, help="seconds before the job is stopped")
+
+    def run(self, args, rest):
+        from coursekit.demo import run_training, summary_table
+        from coursekit.train import build_parser, resolve_batch, validate
+
+        targs = build_parser().parse_args(rest)
+        validate(targs)
+        nproc = args.nproc if args.nproc is not None else (1 if targs.strategy == "single" else None)
+        from coursekit.launch import default_nproc
+
+        nproc = default_nproc() if nproc is None else nproc
+        if targs.strategy == "single" and nproc != 1:
+            raise ValueError(f"strategy 'single' runs on 1 process, not --nproc {nproc}")
+        from coursekit import strategies
+
+        if getattr(strategies.get(targs.strategy), "data_parallel", True):  # fail before launching anything
+            resolve_batch(argparse.Namespace(**vars(targs)), nproc)
+        res = run_training(rest, nproc=nproc, timeout=args.timeout)
+        print(summary_table([res]))
+        return 0
+
+
+class Doctor(Passthrough):
+    name, help, target = "doctor", "what this machine offers: torch build, backends, GPUs, DeepSpeed ops, Slurm, " \
+        "nbgrader", "coursekit.doctor:main"
+
+
+class Memory(Passthrough):
+    name, help, target = "memory", "exact per-GPU memory budget of a training configuration", \
+        "coursekit.memory.cli:main"
+
+
+COMMANDS = [Demo(), Train(), Doctor(), Memory()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coursekit", description="coursekit: the library behind the course labs")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for c in COMMANDS:
+        sp = sub.add_parser(c.name, help=c.help, add_help=not isinstance(c, Passthrough))
+        c.add_arguments(sp)
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    by_name = {c.name: c for c in COMMANDS}
+    if argv[0] not in by_name:
+        print(f"error: unknown command {argv[0]!r}; choose one of: {', '.join(by_name)}", file=sys.stderr)
+        return 2
+    cmd = by_name[argv[0]]
+    if isinstance(cmd, Passthrough):
+        args, rest = argparse.Namespace(), argv[1:]
+    else:
+        args, rest = parser.parse_known_args(argv)
+    try:
+        return cmd.run(args, rest)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a failed job: the launcher's message already names the rank and its traceback
+        from coursekit.launch import LaunchError
+
+        if isinstance(e, LaunchError):
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The one launcher: run a module or script under torchrun as a subprocess and gather per-rank JSON results.
+
+    res = launch("coursekit.train", ["--strategy", "ddp", "--steps", "3"], nproc=2, timeout=120)
+    res.results[1]["final"]          # what rank 1 passed to report()
+
+How it works
+  * ``sys.executable -m torch.distributed.run`` (so it works from a notebook kernel whose PATH lacks the venv),
+    ``--master-port`` a port bound to 0 and released just before, ``--tee 3`` so every worker line comes back and
+    is re-prefixed ``[rank N]``; per-rank logs also land in a private temporary folder.
+  * Workers call ``report(obj)``; it writes ``$COURSEKIT_RESULTS_DIR/rank-<RANK>.json``. The launcher reads the
+    files back into ``LaunchResult.results`` (a list indexed by rank).
+  * Timeout or failure: SIGTERM to the agent and every descendant it started (torchrun puts workers in their own
+    sessions, so a process-group kill would miss them), then SIGKILL whatever is left after a grace period. No
+    orphan survives; ``LaunchError`` carries the failing rank and its traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+RESULTS_ENV = "COURSEKIT_RESULTS_DIR"
+_PREFIX = re.compile(r"^\[default(\d+)\]:")
+
+
+class LaunchError(RuntimeError):
+    """A launched job failed or timed out. ``rank`` is the first failing rank (or None), ``log`` the whole output."""
+
+    def __init__(self, message: str, *, rank: int | None = None, traceback: str = "", log: str = "",
+                 returncode: int | None = None, timed_out: bool = False):
+        super().__init__(message)
+        self.rank, self.traceback, self.log = rank, traceback, log
+        self.returncode, self.timed_out = returncode, timed_out
+
+
+@dataclass
+class LaunchResult:
+    results: list  # per rank: the object the rank passed to report(), or None
+    returncode: int
+    elapsed_s: float
+    log: str = field(repr=False, default="")
+
+    def __getitem__(self, rank: int):
+        return self.results[rank]
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+
+def report(obj, rank: int | None = None) -> None:
+    """Worker side: record this rank's JSON-able result (the last call wins). A no-op outside a launch."""
+    out = os.environ.get(RESULTS_ENV)
+    if not out:
+        return
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) if rank is None else rank
+    path = Path(out) / f"rank-{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, default=_jsonable))
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+
+
+def _jsonable(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    return str(o)
+
+
+def default_nproc() -> int:
+    """GPUs present (unless COURSEKIT_DEVICE=cpu), else 2."""
+    if os.environ.get("COURSEKIT_DEVICE", "").lower() != "cpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.device_count()
+        except ImportError:
+            pass
+    return 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_tree(proc: psutil.Process | int, grace_s: float = 5.0) -> None:
+    """Terminate a process and all its descendants (found before the first signal), then kill the stragglers."""
+    try:
+        root = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
+    """Which rank failed first (torchrun's 'Root Cause' summary) and that rank's last traceback."""
+    m = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", log, re.S)
+    rank = int(m.group(1)) if m else None
+    per_rank: dict[int, str] = {}
+    for f in logdir.rglob("stderr.log"):
+        try:
+            per_rank[int(f.parent.name)] = f.read_text(errors="replace")
+        except ValueError:
+            continue
+    if rank is None:  # fall back to the first rank whose log has a traceback
+        rank = next((r for r in sorted(per_rank) if "Traceback" in per_rank[r]), None)
+    text = per_rank.get(rank, "") if rank is not None else ""
+    if "Traceback" not in text:  # logs not written (early crash): search the combined output
+        text = "\n".join(_PREFIX.sub("", ln) for ln in log.splitlines()
+                         if rank is None or ln.startswith(f"[default{rank}]:"))
+    i = text.rfind("Traceback (most recent call last)")
+    return rank, (text[i:].strip() if i >= 0 else text.strip()[-4000:])
+
+
+def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | None = None,
+           env: dict | None = None, cwd: str | None = None, stream: bool = True, max_restarts: int = 0,
+           torchrun_args=(), check: bool = True) -> LaunchResult:
+    """Run ``target`` (a module name like ``coursekit.train`` or a path to a ``.py`` file) on ``nproc`` processes.
+
+    ``timeout`` seconds (default $COURSEKIT_LAUNCH_TIMEOUT or 600) bounds the whole job. ``stream`` prints worker
+    lines live, prefixed ``[rank N]``. With ``check`` a failure raises LaunchError; else the result is returned with
+    its return code. ``max_restarts`` > 0 lets torchrun restart failed workers (elastic recovery).
+    """
+    nproc = default_nproc() if nproc is None else int(nproc)
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    timeout = float(timeout if timeout is not None else os.environ.get("COURSEKIT_LAUNCH_TIMEOUT", 600))
+    target = str(target)
+    is_script = target.endswith(".py") or os.sep in target
+    if is_script and not Path(target).is_file():
+        raise FileNotFoundError(f"no such script: {target}")
+    work = Path(tempfile.mkdtemp(prefix="coursekit-launch-"))
+    results_dir, logdir = work / "results", work / "logs"
+    results_dir.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--max-restarts", str(max_restarts),
+           "--tee", "3", "--log-dir", str(logdir), *map(str, torchrun_args)]
+    cmd += [target] if is_script else ["-m", target]
+    cmd += [str(a) for a in args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                "PYTHONUNBUFFERED": "1", RESULTS_ENV: str(results_dir), **(env or {})}
+    if max_restarts:
+        # restarted gloo workers otherwise read the previous attempt's addresses from the shared store
+        full_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    lines: list[str] = []
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=full_env, cwd=cwd, text=True, errors="replace", start_new_session=True)
+
+    def pump():
+        for raw in proc.stdout:
+            line = _PREFIX.sub(lambda m: f"[rank {m.group(1)}] ", raw.rstrip("\n"))
+            lines.append(line)
+            if stream:
+                print(line, flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    except BaseException:  # KeyboardInterrupt in a notebook: leave nothing behind
+        kill_tree(proc.pid)
+        raise
+    finally:
+        if timed_out:
+            kill_tree(proc.pid)
+        proc.wait()
+        reader.join(timeout=10)
+    elapsed = time.monotonic() - t0
+    log = "\n".join(lines)
+    results = []
+    for r in range(nproc):
+        f = results_dir / f"rank-{r}.json"
+        results.append(json.loads(f.read_text()) if f.exists() else None)
+    try:
+        if timed_out or proc.returncode != 0:
+            rank, tb = _first_failure(log, logdir) if not timed_out else (None, "")
+            if timed_out:
+                msg = f"{target} timed out after {timeout:.0f}s on {nproc} processes; all processes were stopped"
+            else:
+                where = f"rank {rank}" if rank is not None else "a rank"
+                msg = f"{target} failed on {where} (exit code {proc.returncode}):\n{tb or log[-3000:]}"
+            if check:
+                raise LaunchError(msg, rank=rank, traceback=tb, log=log, returncode=proc.returncode,
+                                  timed_out=timed_out)
+        return LaunchResult(results=results, returncode=proc.returncode, elapsed_s=elapsed, log=log)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def launch_code(code: str, args=(), **kw) -> LaunchResult:
+    """Write ``code`` to a temporary script and launch it (for notebook cells that define a distributed function)."""
+    with tempfile.TemporaryDirectory(prefix="coursekit-code-") as d:
+        path = Path(d) / "job.py"
+        path.write_text(code)
+        return launch(str(path), args, **kw)

@@ -1,0 +1,86 @@
+"""Bytes a live job holds for model states, counted from the tensors themselves."""
+from __future__ import annotations
+
+import torch
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage this rank really holds (a DTensor's local shard)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def tensor_bytes(tensors, seen: set | None = None) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a view pins its whole storage; shared storage once)."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        t = _local(t)
+        st = t.untyped_storage()
+        key = st._cdata if t.device.type != "meta" else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += st.nbytes() if t.device.type != "meta" else t.numel() * t.element_size()
+    return total
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    tensors = [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return tensor_bytes(tensors)
+
+
+def state_bytes(model: torch.nn.Module, optimizer=None) -> dict:
+    """Per-rank ``{"params_bytes", "grads_bytes", "optimizer_bytes"}`` as held right now."""
+    params = list(model.parameters())
+    out = {
+        "params_bytes": tensor_bytes(params),
+        "grads_bytes": tensor_bytes([p.grad for p in params]),
+        "optimizer_bytes": optimizer_state_bytes(optimizer) if optimizer is not None else 0,
+    }
+    out["numel"] = sum(_local(p).numel() for p in params)
+    return out
+
+
+class PeakMemory:
+    """Peak allocated bytes over a block: CUDA's allocator on GPU; on CPU torch's profiler memory tracker.
+
+        with PeakMemory(device) as pm: ...
+        pm.peak_bytes, pm.source
+    """
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+        self.peak_bytes = None
+        self.source = None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.source = "torch.cuda.max_memory_allocated"
+        else:
+            self._prof.__exit__(*exc)
+            # walk allocation events in order: running sum of live bytes allocated inside the block
+            events = sorted((e for e in self._prof.events() if e.name == "[memory]"),
+                            key=lambda e: e.time_range.start)
+            live = peak = 0
+            for e in events:
+                live += e.cpu_memory_usage
+                peak = max(peak, live)
+            self.peak_bytes = peak
+            self.source = "torch.profiler (CPU allocations inside the block)"
+        return False
