@@ -1,0 +1,217 @@
+"""The shape of a decoder-only transformer, read from an HF ``config.json`` or given explicitly, and its parameters
+as a table of named terms.
+
+Two module families are modelled exactly as ``transformers`` builds them:
+
+- ``llama`` (LlamaForCausalLM; also Mistral-style configs): RMSNorm, RoPE, SwiGLU MLP (gate, up, down), separate
+  q/k/v/o projections with optional bias, grouped-query attention (``kv_heads < heads``), optional ``head_dim``;
+- ``gpt2`` (GPT2LMHeadModel; also GPT-3 shapes): LayerNorm, learned position embedding, fused ``c_attn`` (q, k, v in one
+  ``h × 3h`` Conv1D with bias), GELU MLP with bias, tied embeddings by default.
+
+Naming: ``h`` hidden, ``a`` heads, ``k`` key/value heads, ``d`` head dim, ``f`` FFN width, ``V`` vocab, ``L`` layers.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from coursekit.memory.errors import ConfigError, choice, positive_int
+
+ARCHS = ("llama", "gpt2")
+NORMS = ("rmsnorm", "layernorm")
+MLPS = ("swiglu", "gelu")  # swiglu: act(gate(x)) * up(x) -> down ; gelu: fc -> act -> proj
+POSITIONS = ("rope", "learned")
+_DEFAULTS = {  # arch -> (norm, mlp, positions, activation, tied)
+    "llama": ("rmsnorm", "swiglu", "rope", "silu", False),
+    "gpt2": ("layernorm", "gelu", "learned", "gelu_new", True),
+}
+LLAMA_MODEL_TYPES = ("llama", "mistral")  # same modules; mistral's sliding window does not change training memory
+
+
+@dataclass(frozen=True)
+class ParamTerm:
+    """One named group of parameters. ``count`` is per instance; ``per_layer`` terms repeat ``L`` times.
+
+    ``tp``: ``"shard"`` if tensor parallelism splits it (column/row-parallel weights, column-parallel biases,
+    vocab-parallel embedding and head), ``"replicate"`` if every TP rank holds it whole (norms, row-parallel biases,
+    position embedding). ``stage``: ``"layer"``, or ``"first"`` / ``"last"`` pipeline stage for the rest.
+    """
+    name: str
+    count: int
+    per_layer: bool
+    tp: str
+    stage: str
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Decoder-only transformer shape. Unset fields take the family's defaults (see module docstring)."""
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    arch: str = "llama"
+    kv_heads: int | None = None  # None: = heads (multi-head attention)
+    ffn: int | None = None  # None: 4·hidden (gpt2); required for llama
+    head_dim: int | None = None  # None: hidden // heads
+    max_positions: int = 2048
+    tied_embeddings: bool | None = None
+    norm: str | None = None
+    mlp: str | None = None
+    positions: str | None = None
+    activation: str | None = None  # HF hidden_act / activation_function
+    qkv_bias: bool | None = None  # llama: attention_bias (also on o_proj); gpt2: always True
+    mlp_bias: bool | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = field(default=None, compare=False, hash=False)
+    attn_dropout: float = 0.0  # HF attention_dropout / attn_pdrop
+    resid_dropout: float = 0.0  # HF resid_pdrop (gpt2 only; llama has none)
+    embd_dropout: float = 0.0  # HF embd_pdrop (gpt2 only)
+    name: str = "custom"
+
+    def __post_init__(self):
+        s = object.__setattr__
+        choice("arch", self.arch, ARCHS)
+        for n in ("layers", "hidden", "heads", "vocab", "max_positions"):
+            s(self, n, positive_int(n, getattr(self, n)))
+        norm, mlp, pos, act, tied = _DEFAULTS[self.arch]
+        s(self, "kv_heads", positive_int("kv_heads", self.kv_heads if self.kv_heads is not None else self.heads))
+        if self.ffn is None and self.arch == "llama":
+            raise ConfigError("ffn (intermediate_size) is required for a llama-style model")
+        s(self, "ffn", positive_int("ffn", self.ffn if self.ffn is not None else 4 * self.hidden))
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ConfigError(f"hidden ({self.hidden}) is not divisible by heads ({self.heads}); give head_dim")
+        s(self, "head_dim", positive_int("head_dim", self.head_dim or self.hidden // self.heads))
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        s(self, "tied_embeddings", tied if self.tied_embeddings is None else bool(self.tied_embeddings))
+        s(self, "norm", choice("norm", self.norm or norm, NORMS))
+        s(self, "mlp", choice("mlp", self.mlp or mlp, MLPS))
+        s(self, "positions", choice("positions", self.positions or pos, POSITIONS))
+        s(self, "activation", self.activation or act)
+        s(self, "qkv_bias", self.arch == "gpt2" if self.qkv_bias is None else bool(self.qkv_bias))
+        s(self, "mlp_bias", self.arch == "gpt2" if self.mlp_bias is None else bool(self.mlp_bias))
+        for n in ("attn_dropout", "resid_dropout", "embd_dropout"):
+            v = getattr(self, n)
+            if not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ConfigError(f"{n} must be in [0, 1), got {v!r}")
+
+    # ---- derived sizes -------------------------------------------------------------------------------------------
+    @property
+    def q_width(self) -> int:  # a·d: width of q and of the attention output
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:  # k·d: width of k and of v
+        return self.kv_heads * self.head_dim
+
+    def with_(self, **changes) -> "ModelShape":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    # ---- parameters ----------------------------------------------------------------------------------------------
+    def param_terms(self) -> list[ParamTerm]:
+        """Every parameter of the HF model as a named term (tied weights once)."""
+        h, f, V = self.hidden, self.ffn, self.vocab
+        qw, kw = self.q_width, self.kv_width
+        norm = 2 * h if self.norm == "layernorm" else h  # LayerNorm: weight + bias; RMSNorm: weight
+        qkv_bias, mlp_bias = int(self.qkv_bias), int(self.mlp_bias)
+        o_bias = int(self.qkv_bias)  # llama's attention_bias covers o_proj; gpt2's c_proj always has a bias
+        n_in = 2 if self.mlp == "swiglu" else 1
+        t = [ParamTerm("embedding", V * h, False, "shard", "first")]
+        if self.positions == "learned":
+            t.append(ParamTerm("position_embedding", self.max_positions * h, False, "replicate", "first"))
+        t += [
+            ParamTerm("attn_norm", norm, True, "replicate", "layer"),
+            ParamTerm("qkv_proj", h * (qw + 2 * kw), True, "shard", "layer"),
+            ParamTerm("qkv_bias", (qw + 2 * kw) * qkv_bias, True, "shard", "layer"),
+            ParamTerm("o_proj", qw * h, True, "shard", "layer"),
+            ParamTerm("o_bias", h * o_bias, True, "replicate", "layer"),
+            ParamTerm("mlp_norm", norm, True, "replicate", "layer"),
+            ParamTerm("mlp_in_proj", n_in * h * f, True, "shard", "layer"),
+            ParamTerm("mlp_in_bias", n_in * f * mlp_bias, True, "shard", "layer"),
+            ParamTerm("mlp_out_proj", f * h, True, "shard", "layer"),
+            ParamTerm("mlp_out_bias", h * mlp_bias, True, "replicate", "layer"),
+            ParamTerm("final_norm", norm, False, "replicate", "last"),
+        ]
+        if not self.tied_embeddings:
+            t.append(ParamTerm("lm_head", V * h, False, "shard", "last"))
+        return [x for x in t if x.count]
+
+    def param_table(self) -> dict[str, int]:
+        """Named terms -> total parameters (per-layer terms multiplied by L), in model order."""
+        return {x.name: x.count * (self.layers if x.per_layer else 1) for x in self.param_terms()}
+
+    def num_params(self) -> int:
+        return sum(self.param_table().values())
+
+    def params_per_layer(self) -> int:
+        return sum(x.count for x in self.param_terms() if x.per_layer)
+
+
+# ---- HF config.json ------------------------------------------------------------------------------------------------
+def from_hf_config(config: str | Path | dict, *, name: str | None = None) -> ModelShape:
+    """A ModelShape from an HF ``config.json`` (path or dict): ``model_type`` llama / mistral or gpt2."""
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        if not path.is_file():
+            raise ConfigError(f"no such config file: {path}")
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        name = name or path.parent.name or path.stem
+    elif isinstance(config, dict):
+        cfg = config
+    else:
+        raise ConfigError(f"expected a path or a dict, got {type(config).__name__}")
+    mt = cfg.get("model_type")
+    try:
+        if mt in LLAMA_MODEL_TYPES:
+            return _from_llama(cfg, name or mt)
+        if mt == "gpt2":
+            return _from_gpt2(cfg, name or mt)
+    except KeyError as e:
+        raise ConfigError(f"{mt} config lacks required key {e.args[0]!r}") from None
+    raise ConfigError(f"unsupported model_type {mt!r}; supported: {', '.join(LLAMA_MODEL_TYPES + ('gpt2',))}")
+
+
+def _rope(cfg: dict) -> tuple[float, dict | None]:
+    rp = cfg.get("rope_parameters") or {}  # transformers >= 5 layout
+    theta = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    scaling = {k: v for k, v in rp.items() if k != "rope_theta"} or cfg.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    return float(theta), scaling
+
+
+def _from_llama(cfg: dict, name: str) -> ModelShape:
+    theta, scaling = _rope(cfg)
+    heads = cfg["num_attention_heads"]
+    return ModelShape(
+        arch="llama", name=name, layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads, ffn=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+        head_dim=cfg.get("head_dim"), max_positions=cfg.get("max_position_embeddings", 2048),
+        tied_embeddings=cfg.get("tie_word_embeddings", False), activation=cfg.get("hidden_act", "silu"),
+        qkv_bias=cfg.get("attention_bias", False), mlp_bias=cfg.get("mlp_bias", False),
+        norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
+        attn_dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
+    )
+
+
+def _from_gpt2(cfg: dict, name: str) -> ModelShape:
+    h = cfg.get("n_embd", cfg.get("hidden_size"))
+    if h is None:
+        raise KeyError("n_embd")
+    return ModelShape(
+        arch="gpt2", name=name, layers=cfg.get("n_layer", cfg.get("num_hidden_layers")),
+        hidden=h, heads=cfg.get("n_head", cfg.get("num_attention_heads")), ffn=cfg.get("n_inner") or 4 * h,
+        vocab=cfg["vocab_size"], max_positions=cfg.get("n_positions", 1024),
+        tied_embeddings=cfg.get("tie_word_embeddings", True), activation=cfg.get("activation_function", "gelu_new"),
+        norm_eps=cfg.get("layer_norm_epsilon", 1e-5), attn_dropout=float(cfg.get("attn_pdrop", 0.1)),
+        resid_dropout=float(cfg.get("resid_pdrop", 0.1)), embd_dropout=float(cfg.get("embd_pdrop", 0.1)),
+    )
