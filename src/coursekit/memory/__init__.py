@@ -1,4 +1,23 @@
 """Exact per-rank training memory of a decoder-only transformer, in pure Python (no torch import).
 
-Start with ``estimate(model, batch=..., seq=...)``; see ``coursekit.memory.calculator``.
+    from coursekit.memory import estimate
+    e = estimate("llama3-8b", batch=1, seq=8192, dp=8, zero=3, gpu="H100-80GB")
+    e.peak_bytes, e.activations_bytes, e.to_dict(), print(e.table())
+
+Modules: ``shapes`` (ModelShape, HF config.json, parameter terms), ``presets``, ``activations`` (saved tensors, term by
+term), ``states`` (parameters, gradients, master weights, optimizer states; ZeRO / FSDP2 / offload), ``config``
+(TrainConfig), ``calculator`` (estimate), ``solvers``, ``gpus``, ``cli``.
 """
+from coursekit.memory.activations import ActivationReport, activation_bytes
+from coursekit.memory.calculator import Estimate, estimate, resolve_model
+from coursekit.memory.config import TrainConfig
+from coursekit.memory.errors import ConfigError
+from coursekit.memory.gpus import GPUS, gpu
+from coursekit.memory.presets import PRESETS, preset, to_hf_config_dict
+from coursekit.memory.shapes import ModelShape, from_hf_config
+from coursekit.memory.solvers import max_micro_batch, max_seq_len, min_gpus
+from coursekit.memory.states import model_state_bytes
+
+__all__ = ["ActivationReport", "ConfigError", "Estimate", "GPUS", "ModelShape", "PRESETS", "TrainConfig",
+           "activation_bytes", "estimate", "from_hf_config", "gpu", "max_micro_batch", "max_seq_len", "min_gpus",
+           "model_state_bytes", "preset", "resolve_model", "to_hf_config_dict"]

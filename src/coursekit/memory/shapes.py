@@ -13,6 +13,7 @@ Naming: ``h`` hidden, ``a`` heads, ``k`` key/value heads, ``d`` head dim, ``f`` 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -34,8 +35,10 @@ class ParamTerm:
     """One named group of parameters. ``count`` is per instance; ``per_layer`` terms repeat ``L`` times.
 
     ``tp``: ``"shard"`` if tensor parallelism splits it (column/row-parallel weights, column-parallel biases,
-    vocab-parallel embedding and head), ``"replicate"`` if every TP rank holds it whole (norms, row-parallel biases,
-    position embedding). ``stage``: ``"layer"``, or ``"first"`` / ``"last"`` pipeline stage for the rest.
+    vocab-parallel embedding and head; padded up when not divisible), ``"kv"`` for K/V projections (split by KV head;
+    with more TP ranks than KV heads each rank keeps one head, replicated), ``"replicate"`` if every TP rank holds it
+    whole (norms, row-parallel biases, position embedding). ``stage``: ``"layer"``, or ``"first"`` / ``"last"``
+    pipeline stage for the rest.
     """
     name: str
     count: int
@@ -127,8 +130,10 @@ class ModelShape:
             t.append(ParamTerm("position_embedding", self.max_positions * h, False, "replicate", "first"))
         t += [
             ParamTerm("attn_norm", norm, True, "replicate", "layer"),
-            ParamTerm("qkv_proj", h * (qw + 2 * kw), True, "shard", "layer"),
-            ParamTerm("qkv_bias", (qw + 2 * kw) * qkv_bias, True, "shard", "layer"),
+            ParamTerm("q_proj", h * qw, True, "shard", "layer"),
+            ParamTerm("kv_proj", 2 * h * kw, True, "kv", "layer"),
+            ParamTerm("qkv_bias", qw * qkv_bias, True, "shard", "layer"),
+            ParamTerm("kv_bias", 2 * kw * qkv_bias, True, "kv", "layer"),
             ParamTerm("o_proj", qw * h, True, "shard", "layer"),
             ParamTerm("o_bias", h * o_bias, True, "replicate", "layer"),
             ParamTerm("mlp_norm", norm, True, "replicate", "layer"),
@@ -147,10 +152,39 @@ class ModelShape:
         return {x.name: x.count * (self.layers if x.per_layer else 1) for x in self.param_terms()}
 
     def num_params(self) -> int:
-        return sum(self.param_table().values())
+        return _num_params(self)
 
     def params_per_layer(self) -> int:
         return sum(x.count for x in self.param_terms() if x.per_layer)
+
+    def local_params(self, tp: int = 1) -> tuple[int, int, int, int]:
+        """Parameters one TP rank holds: (per layer, first-stage extras, last-stage extras, tied embedding)."""
+        return _local_params(self, tp)
+
+    def _local_params(self, tp: int) -> tuple[int, int, int, int]:
+        out = {"layer": 0, "first": 0, "last": 0}
+        tied = 0
+        for x in self.param_terms():
+            if x.tp == "shard":
+                n = -(-x.count // tp)
+            elif x.tp == "kv":
+                n = x.count // self.kv_heads * max(1, self.kv_heads // tp)
+            else:
+                n = x.count
+            out[x.stage] += n
+            if x.name == "embedding" and self.tied_embeddings:
+                tied = n
+        return out["layer"], out["first"], out["last"], tied
+
+
+@lru_cache(maxsize=1024)  # shapes are immutable; the solvers and grids ask the same shape thousands of times
+def _num_params(shape: ModelShape) -> int:
+    return sum(shape.param_table().values())
+
+
+@lru_cache(maxsize=4096)
+def _local_params(shape: ModelShape, tp: int) -> tuple[int, int, int, int]:
+    return shape._local_params(tp)
 
 
 # ---- HF config.json ------------------------------------------------------------------------------------------------

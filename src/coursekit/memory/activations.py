@@ -1,0 +1,242 @@
+"""Saved-for-backward activation bytes of one micro-batch, tensor by tensor, per implementation profile.
+
+Every term below is one tensor (or one storage) that autograd keeps for backward, named after what it is. The terms
+were read off ``transformers`` 5.x's Llama and GPT-2 modules and checked with ``coursekit.measure.activations`` (the
+tests do this for a grid of shapes, dtypes and kernels, within 1 %). Each storage is counted once: a norm output read
+by q, k and v is one term; GPT-2's q, k, v are views of one ``c_attn`` output, so a kernel that saves them pins
+the whole ``b·s·3h`` buffer.
+
+Profiles (``impl`` × ``kernels``):
+
+- ``hf`` + ``cpu``  — HF modules as they are, run on CPU (what this course measures on a laptop).
+- ``hf`` + ``cuda`` — HF modules on CUDA. Differs from CPU where the kernels do: dropout saves a 1-byte bool mask
+  (CPU: a noise tensor in the activation dtype); SDPA with dropout stays on the flash kernel (CPU: falls back to the
+  math path, which upcasts to fp32 and saves q, k, v, scores and masks); LayerNorm keeps fp32 mean/rstd (CPU: the
+  activation dtype); fp32 SDPA runs the memory-efficient kernel (log-sum-exp padded to 32 rows), or the math path
+  when grouped-query attention needs it. The CUDA profile is modelled from the kernels' signatures, not measured
+  here (no GPU on the course machine).
+- ``fused`` — flash attention (q, k, v, output, fp32 log-sum-exp; K/V at their own head count) and fused norms
+  (save the input and fp32 statistics only), CUDA dropout masks; the MLP and loss stay as HF writes them.
+
+Recompute: ``selective`` checkpoints the attention core (QKᵀ, softmax, dropout, ·V): only its inputs q, k, v and its
+output stay; ``full`` checkpoints whole layers: one ``b·s·h`` input per layer stays.
+Parallelism: TP splits heads and FFN width (K/V heads: max(1, k/t)); sequence parallelism (``sp``) also splits the
+residual-stream tensors (norms, dropout masks) over TP ranks; CP splits the sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coursekit.memory.errors import ConfigError, choice
+from coursekit.memory.shapes import ModelShape
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+ATTENTION = ("sdpa", "eager")
+IMPLS = ("hf", "fused")
+KERNELS = ("cuda", "cpu")
+RECOMPUTE = ("none", "selective", "full")
+# Tensors of the FFN width an activation function saves, not counting its output (which the next linear saves).
+# silu/gelu/gelu_pytorch_tanh save their input; relu saves only its output; quick_gelu: x and sigmoid(1.702x);
+# HF's gelu_new (0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))) saves x, tanh(...), 0.5·x and 1 + tanh(...).
+ACTIVATION_SAVES = {"silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "relu": 0, "quick_gelu": 2,
+                    "gelu_new": 4}
+
+
+@dataclass(frozen=True)
+class ActivationReport:
+    """Terms (name -> bytes) of one micro-batch. A pipeline stage holds its layers' terms, ``shared`` (RoPE
+    tables, which every stage computes for itself), ``embed`` on the first stage and ``head`` on the last."""
+    per_layer: dict[str, int]
+    embed: dict[str, int]
+    shared: dict[str, int]
+    head: dict[str, int]
+    layers: int
+    attention_kernel: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def layer_bytes(self) -> int:
+        return sum(self.per_layer.values())
+
+    @property
+    def model(self) -> dict[str, int]:
+        """Terms held once per model: embedding, shared tables, final norm and loss."""
+        return {**self.embed, **self.shared, **self.head}
+
+    @property
+    def total_bytes(self) -> int:
+        """Saved bytes of the whole model's forward, embedding to loss (each storage once)."""
+        return (self.layers * self.layer_bytes + sum(self.embed.values()) + sum(self.shared.values())
+                + sum(self.head.values()))
+
+    def stage_bytes(self, layers: int, first: bool, last: bool) -> int:
+        """Saved bytes of one micro-batch on a pipeline stage holding ``layers`` layers."""
+        return (layers * self.layer_bytes + sum(self.shared.values()) + (sum(self.embed.values()) if first else 0)
+                + (sum(self.head.values()) if last else 0))
+
+
+def attention_kernel(shape: ModelShape, *, dtype: str, attention: str, impl: str, kernels: str,
+                     dropout: float) -> str:
+    """Which attention implementation runs: eager | flash | efficient | math."""
+    if impl == "fused":
+        if attention == "eager":
+            raise ConfigError("impl 'fused' means flash attention; use attention 'sdpa' (or impl 'hf' for eager)")
+        return "flash"
+    if attention == "eager":
+        return "eager"
+    if kernels == "cpu":  # CPU SDPA: flash kernel unless dropout is on, then the math path
+        return "math" if dropout > 0 else "flash"
+    if dtype != "fp32" and shape.head_dim <= 256:
+        return "flash"
+    return "efficient" if shape.kv_heads == shape.heads else "math"
+
+
+def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "sdpa",
+                     impl: str = "hf", kernels: str = "cuda", recompute: str = "none", dropout: float | None = None,
+                     tp: int = 1, sp: bool = False, cp: int = 1) -> ActivationReport:
+    """Saved activation bytes of one micro-batch of ``batch`` sequences of ``seq`` tokens, on one TP/CP rank.
+
+    ``dropout`` overrides the shape's dropout rates (all of them) when given.
+    """
+    choice("dtype", dtype, DTYPE_BYTES)
+    choice("attention", attention, ATTENTION)
+    choice("impl", impl, IMPLS)
+    choice("kernels", kernels, KERNELS)
+    choice("recompute", recompute, RECOMPUTE)
+    if seq % cp:
+        raise ConfigError(f"seq ({seq}) must be divisible by cp ({cp})")
+    if shape.heads % tp or shape.ffn % tp or (shape.kv_heads % tp and tp % shape.kv_heads):
+        raise ConfigError(f"tp ({tp}) must divide heads ({shape.heads}) and ffn ({shape.ffn}), and divide or be "
+                          f"a multiple of kv_heads ({shape.kv_heads})")
+    if sp and tp == 1:
+        sp = False
+    if sp and seq // cp % tp:
+        raise ConfigError(f"sequence parallelism needs seq/cp ({seq // cp}) divisible by tp ({tp})")
+    p_attn = shape.attn_dropout if dropout is None else dropout
+    p_resid = shape.resid_dropout if dropout is None else dropout
+    p_embd = shape.embd_dropout if dropout is None else dropout
+    if shape.arch == "llama":
+        p_resid = p_embd = 0.0  # Llama has attention dropout only
+    kernel = attention_kernel(shape, dtype=dtype, attention=attention, impl=impl, kernels=kernels, dropout=p_attn)
+    if cp > 1 and kernel in ("eager", "math"):
+        raise ConfigError("context parallelism needs a flash-style attention kernel (sdpa on CUDA, or fused)")
+    if impl == "hf" and shape.activation not in ACTIVATION_SAVES:
+        raise ConfigError(f"unknown activation {shape.activation!r}; known: {', '.join(ACTIVATION_SAVES)}")
+
+    P = DTYPE_BYTES[dtype]  # activation dtype bytes
+    cuda = impl == "fused" or kernels == "cuda"
+    mask = 1 if cuda else P  # dropout mask: CUDA bool, CPU noise tensor in the activation dtype
+    stat = 4 if (cuda or dtype == "fp32") else P  # LayerNorm mean/rstd dtype
+    h, d, f, V = shape.hidden, shape.head_dim, shape.ffn // tp, shape.vocab
+    a, k = shape.heads // tp, max(1, shape.kv_heads // tp)
+    s = seq // cp
+    n = batch * s  # tokens of this rank inside attention / MLP
+    n_res = n // tp if sp else n  # tokens of residual-stream tensors (norms, dropout masks)
+    n_lin = n_res if sp and impl == "fused" else n  # saved input of a column-parallel linear (Megatron keeps the shard)
+    ss = batch * a * s * s  # elements of one attention score matrix (causal is still stored dense)
+
+    def norm(prefix: str) -> dict[str, int]:
+        if impl == "fused":  # fused kernel: input + fp32 statistics; the output is saved by the next linear
+            stats = 4 * n_res * (2 if shape.norm == "layernorm" else 1)
+            return {f"{prefix}.input": P * n_res * h, f"{prefix}.stats_fp32": stats, f"{prefix}.output": P * n_lin * h}
+        if shape.norm == "rmsnorm":  # HF LlamaRMSNorm in Python: x.float(), x·rsqrt(mean(x²)), weight·that.to(dtype)
+            return {f"{prefix}.input_fp32": 4 * n_res * h, f"{prefix}.rsqrt_fp32": 4 * n_res,
+                    f"{prefix}.normalized": P * n_res * h, f"{prefix}.output": P * n_lin * h}
+        return {f"{prefix}.input": P * n_res * h, f"{prefix}.mean_rstd": 2 * stat * n_res,  # nn.LayerNorm
+                f"{prefix}.output": P * n_lin * h}
+
+    t: dict[str, int] = {}
+    if recompute == "full":
+        t["layer_input(checkpoint)"] = P * n_res * h
+    else:
+        t.update(norm("attn_norm"))
+        t.update(_attention(shape, kernel, recompute, P=P, n=n, a=a, k=k, d=d, h=h, tp=tp, ss=ss, batch=batch, s=s,
+                            mask=mask, p_attn=p_attn, cuda=cuda))
+        if p_resid > 0:
+            t["attn_resid_dropout.mask"] = mask * n_res * h
+        t.update(norm("mlp_norm"))
+        saves = ACTIVATION_SAVES.get(shape.activation, 1)
+        if shape.mlp == "swiglu":  # act(gate(x)) * up(x) -> down
+            t["mlp.activation_saved"] = saves * P * n * f  # the gate output (and any act internals)
+            t["mlp.act_out"] = P * n * f  # saved by the multiply
+            t["mlp.up_out"] = P * n * f  # saved by the multiply
+            t["mlp.product(down_input)"] = P * n * f
+        else:  # fc -> act -> proj
+            t["mlp.activation_saved"] = saves * P * n * f
+            t["mlp.act_out(proj_input)"] = P * n * f
+        if p_resid > 0:
+            t["mlp_dropout.mask"] = mask * n_res * h
+
+    e: dict[str, int] = {"input_ids(int64)": 8 * batch * s}  # saved by the embedding backward
+    sh: dict[str, int] = {}
+    if shape.positions == "learned":
+        e["position_ids(int64)"] = 8 * s  # shape (1, s)
+    elif recompute != "full":
+        sh["rope_cos_sin"] = 2 * s * d * P  # (1, s, d) each, shared by all layers (held by checkpoints otherwise)
+    if recompute == "full" and kernel == "eager" and shape.arch == "gpt2":
+        sh["causal_mask(checkpoint_arg)"] = P * batch * s * s  # GPT-2 hands its (b, 1, s, s) mask positionally
+    if p_embd > 0:
+        e["embedding_dropout.mask"] = mask * n_res * h
+    hd = norm("final_norm")
+    v_loc = V // tp if impl == "fused" and V % tp == 0 else V  # fused: vocab-parallel cross-entropy
+    hd["loss.log_softmax_fp32"] = 4 * batch * s * v_loc  # HF upcasts logits to fp32; log_softmax saves its output
+    # shift_labels = pad(labels)[..., 1:].contiguous(): a copy, except for one sequence, where the slice is already
+    # contiguous and pins the padded (1, s+1) buffer
+    hd["loss.labels(int64)"] = 8 * (s + 1) if batch == 1 else 8 * batch * s
+    hd["loss.total_weight"] = 4
+    notes = []
+    if kernel == "math":
+        notes.append("SDPA runs its math path: q, k, v, scores and masks saved in fp32")
+    nz = lambda dct: {k_: v for k_, v in dct.items() if v}  # noqa: E731
+    return ActivationReport(nz(t), nz(e), nz(sh), nz(hd), shape.layers, kernel, tuple(notes))
+
+
+def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, mask, p_attn, cuda) -> dict[str, int]:
+    """The attention block between the norm output and o_proj's saved input."""
+    t: dict[str, int] = {}
+    fused_qkv = shape.arch == "gpt2"  # q, k, v are views of one c_attn output
+    # Tensors entering the attention core as the model hands them over:
+    if fused_qkv:
+        core_inputs = {"attn.qkv_out(c_attn)": P * n * (a + 2 * k) * d}
+    else:  # q, k after RoPE (new tensors); v is a view of v_proj's output
+        core_inputs = {"attn.q_rope": P * n * a * d, "attn.k_rope": P * n * k * d, "attn.v": P * n * k * d}
+    out = {"attn.core_out(o_proj_input)": P * n * a * d}
+    if recompute == "selective":
+        return {**core_inputs, **out}
+    if kernel in ("flash", "efficient"):
+        t.update(core_inputs)
+        rows = s if kernel == "flash" else -(-s // 32) * 32  # mem-efficient pads log-sum-exp rows to 32
+        t["attn.logsumexp_fp32"] = 4 * batch * a * rows
+        if cuda and p_attn > 0:
+            t["attn.rng_state"] = 16  # philox seed + offset
+    elif kernel == "eager":
+        # matmul copies q and kᵀ (K repeated to all heads for GQA) into contiguous (b·a, s, d) operands
+        # (b·a, s, d) operands: the repeat for GQA (1 < k < a) copies; with one KV head (MQA) it is a stride-0 view,
+        # and for one sequence matmul's reshape of that view is a view too: k and v then pin only their k·d storage
+        kv_view = not fused_qkv and k == 1 and a > 1 and batch == 1
+        kv_bytes = P * n * (k if kv_view else a) * d
+        t["attn.q_matmul"] = P * n * a * d
+        t["attn.k_matmul"] = kv_bytes
+        if shape.arch == "llama":  # softmax(dtype=float32), then .to(dtype)
+            t["attn.softmax_fp32"] = 4 * ss
+            if P != 4 or p_attn > 0:
+                t["attn.probs"] = P * ss  # the cast probs, or dropout's output, feed ·V
+        else:  # GPT-2: softmax in the activation dtype
+            t["attn.softmax"] = P * ss
+            if p_attn > 0:
+                t["attn.probs_dropped"] = P * ss
+        if p_attn > 0:
+            t["attn.dropout_mask"] = mask * ss
+        t["attn.v_matmul"] = kv_bytes
+    else:  # SDPA math path: fp32 (CPU upcasts reduced precision), K/V repeated to all heads
+        t["attn.q_scaled_fp32"] = 4 * n * a * d
+        t["attn.k_scaled_fp32"] = 4 * n * a * d
+        t["attn.softmax_fp32"] = 4 * ss
+        if p_attn > 0:
+            t["attn.dropout_mask"] = (4 if not cuda else 1) * ss
+            t["attn.probs_dropped_fp32"] = 4 * ss
+        t["attn.v_fp32"] = 4 * n * a * d
+        if fused_qkv and P == 4 and batch == 1:  # fp32, one sequence: v's reshape is a view pinning c_attn's output
+            t["attn.v_fp32"] = 4 * n * (a + 2 * k) * d
+    t.update(out)
+    return t

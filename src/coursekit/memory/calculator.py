@@ -1,0 +1,225 @@
+"""Per-rank GPU memory of one training step, by category and by phase.
+
+Phases (the three moments a step's memory peaks), per pipeline stage (the first stage holds the embedding and the
+most in-flight micro-batches, the last holds the head and the loss; the worst one is reported):
+
+- ``start_of_backward``: model states + saved activations of every in-flight micro-batch + loss temporaries (the
+  logits HF returns, in the activation dtype, and the two fp32 ``b·s·V`` gradient buffers of log-softmax's backward)
+  + the unsharded FSDP/ZeRO-3 units in use + backward communication buffers + the recompute working set (one layer's
+  activations under full recompute). Gradients are already present when a step accumulates over several
+  micro-batches.
+- ``end_of_backward``: model states with all gradients, communication buffers, the last unsharded unit.
+- ``optimizer_step``: model states + DeepSpeed's fp32 gradient partition + optimizer temporaries + all-gather bucket.
+
+Each phase adds the stated runtime constant. Not modelled: allocator fragmentation and caching slack (leave 5-10 %),
+and framework extras (e.g. DeepSpeed's NVMe swap buffers in pinned CPU memory).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coursekit.memory.activations import DTYPE_BYTES, ActivationReport, activation_bytes
+from coursekit.memory.config import TrainConfig
+from coursekit.memory.errors import ConfigError
+from coursekit.memory.gpus import GiB, gpu as gpu_lookup
+from coursekit.memory.presets import PRESETS, preset
+from coursekit.memory.shapes import ModelShape, from_hf_config
+from coursekit.memory.states import PRECISIONS, StateBytes, model_state_bytes
+
+PHASES = ("start_of_backward", "end_of_backward", "optimizer_step")
+CATEGORIES = ("parameters", "gradients", "master_weights", "optimizer_states", "grad_copy", "step_grad_copy",
+              "optimizer_temporaries", "saved_activations", "logits_loss", "communication_buckets",
+              "unsharded_fsdp_units", "recompute_working", "runtime")
+
+
+def resolve_model(model) -> ModelShape:
+    """A ModelShape from a preset name, a path to an HF config.json, an HF config dict, or a ModelShape."""
+    if isinstance(model, ModelShape):
+        return model
+    if isinstance(model, dict):
+        return from_hf_config(model)
+    if isinstance(model, (str, Path)):
+        if str(model) in PRESETS:
+            return PRESETS[str(model)]
+        if str(model).endswith(".json") or Path(model).is_file():
+            return from_hf_config(model)
+        return preset(str(model))  # raises with the list of names
+    raise ConfigError(f"model must be a preset name, a config.json path, a dict or a ModelShape, got {model!r}")
+
+
+@dataclass
+class Estimate:
+    """One estimate. Byte counts are per GPU rank of the worst pipeline stage."""
+    model: str
+    num_params: int
+    params_per_tp_pp_rank: int
+    config: TrainConfig
+    convention: str
+    activations: ActivationReport
+    categories: dict[str, int]
+    phases: dict[str, int]
+    pp_stage: int
+    cpu_bytes: int
+    nvme_bytes: int
+    gpu: str | None = None
+    gpu_memory_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def activations_bytes(self) -> int:
+        """Saved-for-backward bytes of one micro-batch's forward, embedding to loss, on this TP/CP rank."""
+        return self.activations.total_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.gpu_memory_bytes is None else self.peak_bytes <= self.gpu_memory_bytes
+
+    def to_dict(self) -> dict:
+        c = self.config
+        d = {"model": self.model, "num_params": self.num_params, "params_per_tp_pp_rank": self.params_per_tp_pp_rank,
+             "config": c.to_dict(), "convention": self.convention,
+             "activation_profile": f"{c.impl}-{c.kernels}" if c.impl == "hf" else "fused",
+             "attention_kernel": self.activations.attention_kernel,
+             "activations_bytes": self.activations_bytes}
+        d.update({f"{k}_bytes": v for k, v in self.categories.items()})
+        d.update(peak_bytes=self.peak_bytes, peak_phase=self.peak_phase, phases=dict(self.phases),
+                 pp_stage=self.pp_stage, cpu_bytes=self.cpu_bytes, nvme_bytes=self.nvme_bytes, gpu=self.gpu,
+                 gpu_memory_bytes=self.gpu_memory_bytes, fits=self.fits,
+                 activation_terms={"per_layer": self.activations.per_layer, "layers": self.activations.layers,
+                                   "embed": self.activations.embed, "shared": self.activations.shared,
+                                   "head": self.activations.head},
+                 notes=list(self.notes))
+        return d
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    def table(self) -> str:
+        c, g = self.config, lambda b: f"{b / GiB:10.3f}"
+        lines = [f"{self.model}: {self.num_params / 1e9:.3f} B params, {self.params_per_tp_pp_rank / 1e9:.3f} B per rank"
+                 f" (pp stage {self.pp_stage})",
+                 f"b={c.batch} s={c.seq} {c.dtype} {c.attention}/{self.activations.attention_kernel} impl={c.impl}"
+                 f"-{c.kernels} recompute={c.recompute} | dp={c.dp} {c.engine} zero={c.zero} tp={c.tp}"
+                 f"{'+sp' if c.sp else ''} pp={c.pp} cp={c.cp} | {self.convention}",
+                 f"{'category':<26}{'GiB':>10}"]
+        lines += [f"{k:<26}{g(v)}" for k, v in self.categories.items() if v]
+        lines.append(f"{'activations (1 micro-batch)':<26}{g(self.activations_bytes)}")
+        lines += [f"{'phase ' + k:<26}{g(v)}{'  <- peak' if k == self.peak_phase else ''}"
+                  for k, v in self.phases.items()]
+        if self.cpu_bytes or self.nvme_bytes:
+            lines.append(f"{'CPU / NVMe':<26}{g(self.cpu_bytes)}{g(self.nvme_bytes)}")
+        if self.gpu:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(f"{self.gpu} ({self.gpu_memory_bytes / GiB:.1f} GiB): {verdict}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
+    """Per-rank memory of training ``model`` (preset, config.json path, HF dict or ModelShape).
+
+    Give a TrainConfig, or its fields as keyword arguments: ``estimate("llama3-8b", batch=1, seq=8192, zero=3, dp=8)``.
+    """
+    shape = resolve_model(model)
+    c = config if config is not None else TrainConfig(**kwargs)
+    if config is not None and kwargs:
+        raise ConfigError("give either a TrainConfig or keyword arguments, not both")
+    if c.pp > shape.layers:
+        raise ConfigError(f"pp ({c.pp}) exceeds the number of layers ({shape.layers})")
+    if shape.positions == "learned" and c.seq > shape.max_positions:
+        raise ConfigError(f"seq ({c.seq}) exceeds {shape.name}'s {shape.max_positions} learned positions")
+    acts = activation_bytes(shape, c.batch, c.seq, dtype=c.dtype, attention=c.attention, impl=c.impl,
+                            kernels=c.kernels, recompute=c.recompute, dropout=c.dropout, tp=c.tp, sp=c.sp, cp=c.cp)
+    working = 0
+    if c.recompute != "none":  # backward re-runs one layer (full) or one attention core (selective) at a time
+        plain = activation_bytes(shape, c.batch, c.seq, dtype=c.dtype, attention=c.attention, impl=c.impl,
+                                 kernels=c.kernels, recompute="none", dropout=c.dropout, tp=c.tp, sp=c.sp, cp=c.cp)
+        working = plain.layer_bytes - (acts.layer_bytes if c.recompute == "selective" else 0)
+    P = PRECISIONS[c.precision][0]
+    per_layer, first, last, tied = shape.local_params(c.tp)
+    tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
+    base, extra = divmod(shape.layers, c.pp)
+    stages = [0] if c.pp == 1 else [0, c.pp - 1]  # middle stages are dominated by stage 0
+    best = None
+    for i in stages:
+        layers = base + (1 if i < extra else 0)
+        is_first, is_last = i == 0, i == c.pp - 1
+        params = layers * per_layer + (first if is_first else 0) + (last + tied_copy if is_last else 0)
+        st = model_state_bytes(params, precision=c.precision, optimizer=c.optimizer, engine=c.engine, zero=c.zero,
+                               shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params)
+        in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
+        saved = in_flight * acts.stage_bytes(layers, is_first, is_last)
+        logits = 0
+        if is_last:
+            v_loc = shape.vocab // c.tp if c.impl == "fused" and shape.vocab % c.tp == 0 else shape.vocab
+            logits = (DTYPE_BYTES[c.dtype] + 8) * c.batch * (c.seq // c.cp) * v_loc
+        units = _units(c, P, layers, per_layer, first if is_first else 0, (last + tied_copy) if is_last else 0)
+        comm_bwd, comm_step = _buckets(c, P, params, units["largest"])
+        cats = {"parameters": st.parameters, "gradients": st.gradients, "master_weights": st.master_weights,
+                "optimizer_states": st.optimizer_states, "grad_copy": st.grad_copy,
+                "step_grad_copy": st.step_grad_copy, "optimizer_temporaries": st.step_temporaries,
+                "saved_activations": saved, "logits_loss": logits, "communication_buckets": max(comm_bwd, comm_step),
+                "unsharded_fsdp_units": units["start"], "recompute_working": working, "runtime": c.runtime_bytes}
+        states = st.parameters + st.master_weights + st.optimizer_states + st.grad_copy + c.runtime_bytes
+        grads_early = st.gradients if c.microbatches > 1 else 0
+        phases = {
+            "start_of_backward": states + grads_early + saved + logits + units["start"] + comm_bwd + working,
+            "end_of_backward": states + st.gradients + units["end"] + comm_bwd,
+            "optimizer_step": states + st.gradients + st.step_grad_copy + st.step_temporaries + comm_step,
+        }
+        cand = (max(phases.values()), i, params, st, cats, phases)
+        if best is None or cand[0] > best[0]:
+            best = cand
+    _, stage, params, st, cats, phases = best
+    g = gpu_lookup(c.gpu) if c.gpu else None
+    notes = list(acts.notes)
+    if shape.positions == "rope" and c.seq > shape.max_positions:
+        notes.append(f"seq {c.seq} exceeds the model's max_position_embeddings ({shape.max_positions})")
+    if c.impl == "hf" and c.kernels == "cuda":
+        notes.append("hf-cuda activation profile is modelled from CUDA kernel signatures (measured profile: hf-cpu)")
+    return Estimate(shape.name, shape.num_params(), params, c, st.convention, acts, cats, phases, stage,
+                    st.cpu, st.nvme, g.name if g else None, g.memory_bytes if g else None, notes)
+
+
+def _units(c: TrainConfig, P: int, layers: int, per_layer: int, embed: int, head: int) -> dict[str, int]:
+    """Unsharded parameter units (compute dtype) held at the start and end of backward, for ZeRO-3 / FSDP2.
+
+    Units are one per layer plus the embedding and the head (torchtitan's wrapping). With reshard after forward,
+    backward starts with the head unit in use and the last layer prefetched, and ends with the embedding unit;
+    without it every unit stays unsharded from forward into backward.
+    """
+    largest = max(per_layer if layers else 0, embed, head)
+    sharded = (c.engine == "fsdp2") or (c.engine == "deepspeed" and c.zero == 3)
+    if not sharded:
+        return {"start": 0, "end": 0, "largest": largest}
+    if c.engine == "fsdp2" and not c.fsdp_reshard:
+        start = P * (layers * per_layer + embed + head)
+    else:
+        start = P * ((head or per_layer) + (per_layer if layers else embed))
+    end = P * (embed or per_layer)
+    return {"start": start, "end": end, "largest": largest}
+
+
+def _buckets(c: TrainConfig, P: int, params: int, largest_unit: int) -> tuple[int, int]:
+    """(backward, optimizer-step) communication buffer bytes on the GPU."""
+    G = PRECISIONS[c.precision][1]
+    if c.dp * c.cp == 1 and c.engine != "fsdp2":
+        return 0, 0
+    if c.engine == "ddp":  # reducer bucket buffers cover all gradients (gradient_as_bucket_view=False)
+        return G * params, G * params
+    if c.engine == "fsdp2":  # unsharded grads of one unit, cast to the fp32 reduce dtype for reduce-scatter
+        reduce = 4 if PRECISIONS[c.precision][2] else P
+        return (P + reduce) * largest_unit if c.dp * c.cp > 1 else 0, 0
+    bucket = min(c.bucket_elems, params)
+    step = P * bucket if c.zero in (1, 2) else 0  # all-gather of updated parameter partitions
+    return G * bucket, step

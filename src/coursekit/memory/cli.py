@@ -1,0 +1,135 @@
+"""``coursekit memory``: per-rank training memory as a table or one JSON object.
+
+    coursekit memory --model llama3-8b --batch 1 --seq 8192 --dp 8 --zero 3 --gpu H100-80GB
+    coursekit memory --model path/to/config.json --batch 4 --seq 2048 --recompute full --json
+    coursekit memory --model llama3-70b --seq 4096 --zero 3 --gpu H100-80GB --solve max-batch --json
+
+JSON contract: one object with ``activations_bytes`` (saved-for-backward bytes of one micro-batch's forward through
+the whole model, embedding to loss, each storage once, parameters and buffers excluded; on one TP/CP rank), one
+``<category>_bytes`` field per state category, ``peak_bytes``, ``peak_phase`` and ``phases``; with ``--solve`` also
+``solution``. Errors print ``error: ...`` on stderr and return 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
+from coursekit.memory.calculator import estimate
+from coursekit.memory.config import PP_SCHEDULES, TrainConfig
+from coursekit.memory.errors import ConfigError
+from coursekit.memory.gpus import GPUS, GiB
+from coursekit.memory.presets import PRESETS
+from coursekit.memory.solvers import max_micro_batch, max_seq_len, min_gpus
+from coursekit.memory.states import ENGINES, OFFLOAD, OPTIMIZERS, PRECISIONS
+
+SOLVE = ("max-batch", "max-seq", "min-gpus")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coursekit memory", description="Exact per-rank training memory.")
+    a = p.add_argument
+    a("--model", help="preset name or path to an HF config.json (llama / mistral / gpt2)")
+    a("--batch", type=int, help="micro-batch (sequences per rank per forward)")
+    a("--seq", type=int, help="sequence length in tokens")
+    a("--dtype", default="bf16", choices=list(DTYPE_BYTES))
+    a("--precision", choices=list(PRECISIONS), help="model-state convention (default: 16psi, or fp32 for fp32)")
+    a("--optimizer", default="adamw", choices=list(OPTIMIZERS))
+    a("--attention", default="sdpa", choices=list(ATTENTION))
+    a("--impl", default="hf", choices=list(IMPLS), help="hf modules as they are, or fused kernels")
+    a("--kernels", default="cuda", choices=list(KERNELS), help="device whose kernels run the hf modules")
+    a("--recompute", default="none", choices=list(RECOMPUTE))
+    a("--dropout", type=float, help="override the model's dropout rates")
+    a("--dp", type=int, help="data-parallel degree")
+    a("--world", type=int, help="total ranks (= dp·tp·pp·cp)")
+    a("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    a("--engine", default="deepspeed", choices=list(ENGINES))
+    a("--no-reshard", action="store_true", help="FSDP2 reshard_after_forward=False")
+    a("--hsdp-shard", type=int, help="HSDP shard-group size (engine fsdp2)")
+    a("--tp", type=int, default=1)
+    a("--sp", action="store_true", help="sequence parallelism over the TP group")
+    a("--pp", type=int, default=1)
+    a("--cp", type=int, default=1)
+    a("--microbatches", type=int, help="micro-batches per step (default: pp)")
+    a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES))
+    a("--offload", default="none", choices=list(OFFLOAD), help="optimizer-state offload")
+    a("--offload-params", default="none", choices=list(OFFLOAD), help="parameter offload (ZeRO-3 / FSDP2)")
+    a("--gpu", help=f"one of: {', '.join(GPUS)}")
+    a("--runtime-gib", type=float, help="GPU runtime constant in GiB (default 1)")
+    a("--solve", choices=list(SOLVE), help="find the largest batch / sequence, or the fewest GPUs (needs --gpu)")
+    a("--json", action="store_true", help="print one JSON object")
+    a("--list-models", action="store_true")
+    a("--list-gpus", action="store_true")
+    return p
+
+
+def _config_kwargs(ns: argparse.Namespace) -> dict:
+    kw = dict(batch=ns.batch, seq=ns.seq, dtype=ns.dtype, precision=ns.precision, optimizer=ns.optimizer,
+              attention=ns.attention, impl=ns.impl, kernels=ns.kernels, recompute=ns.recompute, dropout=ns.dropout,
+              dp=ns.dp, world=ns.world, zero=ns.zero, engine=ns.engine, fsdp_reshard=not ns.no_reshard,
+              hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, microbatches=ns.microbatches,
+              pp_schedule=ns.pp_schedule, offload=ns.offload, offload_params=ns.offload_params, gpu=ns.gpu)
+    if ns.runtime_gib is not None:
+        if ns.runtime_gib < 0:
+            raise ConfigError(f"--runtime-gib must be >= 0, got {ns.runtime_gib}")
+        kw["runtime_bytes"] = int(ns.runtime_gib * GiB)
+    return kw
+
+
+def run(ns: argparse.Namespace) -> dict | str:
+    if ns.list_models:
+        rows = {n: s.num_params() for n, s in sorted(PRESETS.items())}
+        return rows if ns.json else "\n".join(f"{n:<14}{v / 1e9:10.3f} B" for n, v in rows.items())
+    if ns.list_gpus:
+        rows = {n: g.memory_bytes for n, g in GPUS.items()}
+        return rows if ns.json else "\n".join(f"{n:<12}{v / GiB:8.0f} GiB" for n, v in rows.items())
+    if not ns.model:
+        raise ConfigError("--model is required (a preset name or a config.json path; see --list-models)")
+    kw = _config_kwargs(ns)
+    need = {"max-batch": ("seq",), "max-seq": ("batch",), "min-gpus": ("batch", "seq")}.get(ns.solve,
+                                                                                          ("batch", "seq"))
+    for k in need:
+        if kw[k] is None:
+            raise ConfigError(f"--{k} is required")
+    solution = None
+    if ns.solve:
+        if not ns.gpu:
+            raise ConfigError("--solve needs --gpu")
+        if ns.solve == "max-batch":
+            b = max_micro_batch(ns.model, **kw)
+            solution = {"max_batch": b}
+            kw["batch"] = max(b, 1)
+        elif ns.solve == "max-seq":
+            s = max_seq_len(ns.model, **kw)
+            solution = {"max_seq": s}
+            kw["seq"] = max(s, ns.cp)
+        else:
+            e = min_gpus(ns.model, **kw)
+            solution = {"min_gpus": e.config.world, "dp": e.config.dp}
+            kw.update(dp=e.config.dp, world=None)
+    e = estimate(ns.model, TrainConfig(**kw))
+    if ns.json:
+        d = e.to_dict()
+        if solution is not None:
+            d["solution"] = solution
+        return d
+    text = e.table()
+    if solution is not None:
+        text = f"solution: {solution}\n{text}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed usage and the error
+        return int(exc.code or 0)
+    try:
+        out = run(ns)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out) if isinstance(out, dict) else out)
+    return 0

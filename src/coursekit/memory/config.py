@@ -1,0 +1,134 @@
+"""A training configuration for the calculator: keyword-only, validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
+from coursekit.memory.errors import ConfigError, choice, positive_int
+from coursekit.memory.gpus import GiB
+from coursekit.memory.states import ENGINES, OFFLOAD, OPTIMIZERS, PRECISIONS
+
+PP_SCHEDULES = ("1f1b", "gpipe")
+DEFAULT_RUNTIME_BYTES = 1 * GiB
+DEFAULT_BUCKET_ELEMS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (5e8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    batch: int
+    """Micro-batch: sequences per rank per forward pass."""
+    seq: int
+    """Tokens per sequence."""
+    dtype: str = "bf16"
+    """Activation / compute dtype: bf16, fp16 or fp32."""
+    precision: str | None = None
+    """Model-state convention: 16psi, 18psi, 20psi, fp32 (None: 16psi for bf16/fp16, fp32 for fp32)."""
+    optimizer: str = "adamw"
+    """adamw / adam (2 states), sgd (momentum, 1), sgd-nomomentum (0), lion (1)."""
+    attention: str = "sdpa"
+    """Attention implementation as HF names it: sdpa or eager."""
+    impl: str = "hf"
+    """hf: transformers' modules as they are; fused: flash attention + fused norms."""
+    kernels: str = "cuda"
+    """Which kernels run the hf modules: cuda, or cpu (to compare with a CPU measurement)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), full (whole layers)."""
+    dropout: float | None = None
+    """Override every dropout rate of the model (None: the model config's rates)."""
+    dp: int | None = None
+    """Data-parallel degree (None: world / (tp·pp·cp), or 1)."""
+    world: int | None = None
+    """Total ranks; must equal dp·tp·pp·cp (give dp or world or both)."""
+    zero: int = 0
+    """DeepSpeed ZeRO stage 0-3 (engine deepspeed)."""
+    engine: str = "deepspeed"
+    """Data-parallel engine: deepspeed (ZeRO semantics), fsdp2, ddp."""
+    fsdp_reshard: bool = True
+    """FSDP2 reshard_after_forward: True frees each unit after its forward; False keeps all unsharded to backward."""
+    hsdp_shard: int | None = None
+    """HSDP: shard group size (dp = replicas x shard group); None: shard over all of dp."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    sp: bool = False
+    """Sequence parallelism over the TP group (Megatron-style)."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    cp: int = 1
+    """Context-parallel degree (splits the sequence)."""
+    microbatches: int | None = None
+    """Micro-batches per optimizer step (gradient accumulation / pipeline); None: pp."""
+    pp_schedule: str = "1f1b"
+    """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them."""
+    offload: str = "none"
+    """Optimizer-state offload: none, cpu, nvme."""
+    offload_params: str = "none"
+    """Parameter offload (ZeRO-3 / FSDP2): none, cpu, nvme."""
+    gpu: str | None = None
+    """GPU name for the fit check (see coursekit.memory.gpus)."""
+    runtime_bytes: int = DEFAULT_RUNTIME_BYTES
+    """Stated GPU runtime constant: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers (typically 0.5-2 GiB)."""
+    bucket_elems: int = DEFAULT_BUCKET_ELEMS
+    """DeepSpeed reduce / all-gather bucket size in elements."""
+
+    def __post_init__(self):
+        s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        s("batch", positive_int("batch", self.batch))
+        s("seq", positive_int("seq", self.seq))
+        choice("dtype", self.dtype, DTYPE_BYTES)
+        if self.precision is None:
+            s("precision", "fp32" if self.dtype == "fp32" else "16psi")
+        choice("precision", self.precision, PRECISIONS)
+        if self.precision == "fp32" and self.dtype != "fp32":
+            raise ConfigError("precision fp32 keeps fp32 weights; use dtype fp32 (or a 16/18/20psi precision)")
+        choice("optimizer", self.optimizer, OPTIMIZERS)
+        choice("attention", self.attention, ATTENTION)
+        choice("impl", self.impl, IMPLS)
+        choice("kernels", self.kernels, KERNELS)
+        choice("recompute", self.recompute, RECOMPUTE)
+        choice("engine", self.engine, ENGINES)
+        choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        choice("offload", self.offload, OFFLOAD)
+        choice("offload_params", self.offload_params, OFFLOAD)
+        if self.dropout is not None and (not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1):
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for k in ("tp", "pp", "cp"):
+            s(k, positive_int(k, getattr(self, k)))
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ConfigError(f"zero stage must be 0, 1, 2 or 3, got {self.zero!r}")
+        model_par = self.tp * self.pp * self.cp
+        if self.world is not None:
+            s("world", positive_int("world", self.world))
+            if self.world % model_par:
+                raise ConfigError(f"world ({self.world}) is not divisible by tp·pp·cp = "
+                                  f"{self.tp}·{self.pp}·{self.cp} = {model_par}")
+            if self.dp is not None and positive_int("dp", self.dp) * model_par != self.world:
+                raise ConfigError(f"dp·tp·pp·cp = {self.dp}·{model_par} != world ({self.world})")
+            s("dp", self.world // model_par)
+        s("dp", positive_int("dp", 1 if self.dp is None else self.dp))
+        s("world", self.dp * model_par)
+        if self.hsdp_shard is not None:
+            s("hsdp_shard", positive_int("hsdp_shard", self.hsdp_shard))
+            if self.engine != "fsdp2":
+                raise ConfigError("hsdp_shard is an FSDP2 (HSDP) option; set engine fsdp2")
+            if self.dp % self.hsdp_shard:
+                raise ConfigError(f"dp ({self.dp}) is not divisible by the HSDP shard group ({self.hsdp_shard})")
+        if self.engine != "deepspeed" and self.zero:
+            raise ConfigError(f"zero stages are DeepSpeed's; engine {self.engine!r} needs zero 0")
+        if self.microbatches is not None:
+            s("microbatches", positive_int("microbatches", self.microbatches))
+        else:
+            s("microbatches", self.pp)
+        if self.seq % self.cp:
+            raise ConfigError(f"seq ({self.seq}) is not divisible by cp ({self.cp})")
+        if self.sp and self.tp > 1 and (self.seq // self.cp) % self.tp:
+            raise ConfigError(f"sequence parallelism needs seq/cp ({self.seq // self.cp}) divisible by tp ({self.tp})")
+        s("runtime_bytes", positive_int("runtime_bytes", self.runtime_bytes, allow_zero=True))
+        s("bucket_elems", positive_int("bucket_elems", self.bucket_elems))
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks that shard one model-state replica (ZeRO / FSDP2): dp (or the HSDP shard group) times cp."""
+        return (self.hsdp_shard or self.dp) * self.cp
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

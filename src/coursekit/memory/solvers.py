@@ -1,0 +1,96 @@
+"""Inverse questions: the largest micro-batch or sequence that fits a GPU, the fewest GPUs for a model.
+
+Peak memory grows monotonically with batch, with sequence length and (for a fixed layout) falls with the sharding
+degree, so each solver is an exponential search for a bracket followed by a bisection: O(log n) estimates.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from coursekit.memory.calculator import Estimate, estimate, resolve_model
+from coursekit.memory.config import TrainConfig
+from coursekit.memory.errors import ConfigError
+from coursekit.memory.gpus import gpu as gpu_lookup
+
+
+def _fits(shape, cfg: TrainConfig, capacity: int) -> Estimate | None:
+    e = estimate(shape, cfg)
+    return e if e.peak_bytes <= capacity else None
+
+
+def _largest(ok, lo: int, limit: int) -> int:
+    """Largest n in [lo, limit] with ok(n) true, given ok is monotone (true then false); lo - 1 if none."""
+    if not ok(lo):
+        return lo - 1
+    hi = lo
+    while hi < limit and ok(min(2 * hi, limit)):
+        hi = min(2 * hi, limit)
+    if hi == limit:
+        return hi
+    bad = min(2 * hi, limit)
+    while bad - hi > 1:
+        mid = (hi + bad) // 2
+        hi, bad = (mid, bad) if ok(mid) else (hi, mid)
+    return hi
+
+
+def _capacity(cfg: TrainConfig, gpu) -> int:
+    name = gpu or cfg.gpu
+    if not name:
+        raise ConfigError("give a gpu to solve against")
+    return gpu_lookup(name).memory_bytes
+
+
+def max_micro_batch(model, gpu: str | None = None, *, limit: int = 1 << 20, **kwargs) -> int:
+    """Largest micro-batch whose peak fits ``gpu`` (0 if even one sequence does not). ``kwargs``: TrainConfig
+    fields (``seq`` required; ``batch`` is ignored)."""
+    shape = resolve_model(model)
+    kwargs.pop("batch", None)
+    cfg = TrainConfig(batch=1, **kwargs)
+    cap = _capacity(cfg, gpu)
+    return _largest(lambda b: _fits(shape, replace(cfg, batch=b), cap) is not None, 1, limit)
+
+
+def max_seq_len(model, gpu: str | None = None, *, limit: int | None = None, multiple_of: int = 1, **kwargs) -> int:
+    """Largest sequence length (a multiple of ``multiple_of``, of cp and, with sp, of tp) whose peak fits ``gpu``;
+    0 if none. ``limit`` defaults to the model's learned positions, or 2**24 tokens for RoPE models."""
+    shape = resolve_model(model)
+    kwargs.pop("seq", None)
+    cp, tp = kwargs.get("cp", 1), kwargs.get("tp", 1)
+    unit = multiple_of * cp * (tp if kwargs.get("sp") else 1)
+    cfg = TrainConfig(seq=unit, **kwargs)
+    cap = _capacity(cfg, gpu)
+    limit = limit or (shape.max_positions if shape.positions == "learned" else 1 << 24)
+    k = _largest(lambda m: _fits(shape, replace(cfg, seq=m * unit), cap) is not None, 1, max(1, limit // unit))
+    return k * unit
+
+
+def min_gpus(model, gpu: str | None = None, *, max_gpus: int = 1 << 16, **kwargs) -> Estimate:
+    """The fewest GPUs (smallest dp for the given tp, pp, cp) whose per-rank peak fits ``gpu``.
+
+    Returns that estimate (``.config.world`` is the answer); raises ConfigError if even ``max_gpus`` do not fit (e.g.
+    without sharding, where more data-parallel ranks never lower per-rank memory).
+    """
+    shape = resolve_model(model)
+    kwargs.pop("dp", None)
+    kwargs.pop("world", None)
+    cfg = TrainConfig(dp=1, **kwargs)
+    cap = _capacity(cfg, gpu)
+    per_replica = cfg.tp * cfg.pp * cfg.cp
+    max_dp = max(1, max_gpus // per_replica)
+    if cfg.hsdp_shard:  # HSDP: memory depends on the shard group, not on dp; dp must be a multiple of it
+        cfg = replace(cfg, dp=cfg.hsdp_shard, world=None)
+    if (e := _fits(shape, cfg, cap)) is not None:
+        return e
+    if cfg.hsdp_shard or (cfg.engine == "ddp") or (cfg.engine == "deepspeed" and cfg.zero == 0):
+        raise ConfigError("does not fit, and more data-parallel ranks do not shard this configuration's state")
+    ok = lambda n: _fits(shape, replace(cfg, dp=n, world=None), cap) is not None  # noqa: E731
+    lo, hi = 1, 2  # dp=1 does not fit; from dp=2 on, per-rank memory only falls as dp grows
+    while hi < max_dp and not ok(hi):
+        lo, hi = hi, min(2 * hi, max_dp)
+    if not ok(hi):
+        raise ConfigError(f"does not fit on {max_gpus} GPUs of {gpu or cfg.gpu}")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return estimate(shape, replace(cfg, dp=hi, world=None))
