@@ -1,0 +1,197 @@
+"""Communication volume of one training step, per strategy: the collectives each rank issues and the bytes it sends.
+
+Pure Python (no torch): the same numbers serve slides, the benchmark and ``CollectiveCounter`` (counter.py).
+
+Two byte counts per collective — keep them apart:
+
+* **payload** ``S`` (what ``CollectiveCounter`` records; nccl-tests' "size"): the full logical buffer of one call.
+    all_reduce, broadcast, reduce   the tensor
+    all_gather, gather              the gathered *output* = group size x each rank's input
+    reduce_scatter, scatter         the full *input*      = group size x each rank's output
+    all_to_all                      one rank's send buffer (= its receive buffer)
+    send / recv                     the message
+* **wire bytes per rank**: what one rank puts on the link for that call with a bandwidth-optimal (ring) algorithm,
+  ``S x busbw_factor(op, n)``. The factors are nccl-tests' bus-bandwidth corrections (nccl-tests
+  doc/PERFORMANCE.md): all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all (n-1)/n, broadcast / reduce 1.
+  Hence nccl-tests' busbw = wire bytes per rank / time. A send counts S, a recv 0 (it sends nothing).
+
+A *plan* is a list of ``Collective(op, bytes, count, group_size)``: ``count`` calls of payload ``bytes`` per
+optimizer step. Strategy functions return plans; ``merge`` puts one in canonical order so a counted plan
+(``CollectiveCounter.as_plan()``) can be compared with ``==``.
+
+Textbook per-rank send volume per step, Ψ parameters, b bytes per element, N ranks (large N):
+    DDP        all-reduce gradients                          2(N-1)/N · Ψ·b   ≈ 2Ψb
+    ZeRO-1/2   reduce-scatter grads + all-gather params      2(N-1)/N · Ψ·b   ≈ 2Ψb  (same as DDP: ZeRO is free)
+    ZeRO-3     all-gather fwd + all-gather bwd + reduce-scatter  3(N-1)/N · Ψ·b   ≈ 3Ψb  (1.5x DDP)
+    TP         4 all-reduces of activations per layer (2 fwd, 2 bwd), independent of Ψ
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+# nccl-tests bus-bandwidth factor, as a function of group size n (doc/PERFORMANCE.md, "Summary").
+_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "gather": lambda n: (n - 1) / n,  # the root receives n-1 of n pieces; each sender sends its 1/n
+    "scatter": lambda n: (n - 1) / n,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 0.0,  # a receiver sends nothing
+    "barrier": lambda n: 0.0,
+}
+OPS = tuple(_FACTORS)
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw ratio for ``op`` on ``n`` ranks (0 for a 1-rank group: nothing moves)."""
+    if op not in _FACTORS:
+        raise ValueError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
+    if n < 1:
+        raise ValueError(f"group size must be >= 1, got {n}")
+    return _FACTORS[op](n) if n > 1 else 0.0
+
+
+def wire_bytes(op: str, payload: float, n: int) -> float:
+    """Bytes one rank sends for one call of payload ``payload`` (the nccl-tests size) on ``n`` ranks, ring algorithm."""
+    return payload * busbw_factor(op, n)
+
+
+@dataclass(frozen=True, order=True)
+class Collective:
+    """``count`` calls per step of collective ``op`` with payload ``bytes`` each, in a group of ``group_size``."""
+
+    op: str
+    bytes: int
+    count: int
+    group_size: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes * self.count
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes each rank sends for all ``count`` calls (ring algorithm)."""
+        return self.count * wire_bytes(self.op, self.bytes, self.group_size)
+
+
+def merge(plan) -> list[Collective]:
+    """Canonical form of a plan: calls with equal (op, bytes, group_size) summed into one entry, sorted."""
+    counts: Counter = Counter()
+    for c in plan:
+        counts[(c.op, int(c.bytes), c.group_size)] += c.count
+    return sorted(Collective(op, b, k, n) for (op, b, n), k in counts.items() if k)
+
+
+def payload_bytes(plan, op: str | None = None) -> int:
+    """Σ payload over the plan (optionally one op): what a counter records."""
+    return sum(c.total_bytes for c in plan if op is None or c.op == op)
+
+
+def send_bytes_per_rank(plan) -> float:
+    """Σ wire bytes one rank sends per step under ring algorithms: the number to divide by a link's bandwidth."""
+    return sum(c.wire_bytes for c in plan)
+
+
+def _check(num_params: int, world: int, micro_batches: int = 1) -> None:
+    if num_params < 0 or world < 1 or micro_batches < 1:
+        raise ValueError(f"need num_params >= 0, world >= 1, micro_batches >= 1; got {num_params}, {world}, "
+                         f"{micro_batches}")
+
+
+# -- strategies ------------------------------------------------------------------------------------------------------
+def ddp(num_params: int, world: int, *, grad_bytes: int = 4, bucket_bytes=None,
+        buffer_bytes: int = 0) -> list[Collective]:
+    """DDP: one all-reduce of every gradient per optimizer step (accumulation micro-batches run under no_sync).
+
+    ``bucket_bytes``: the sizes of DDP's gradient buckets in that step (``[b.buffer().nbytes for b in
+    ddp.reducer._get_zeros_like_grad_buckets()]``); then the plan has one all-reduce per bucket, as issued, instead
+    of one of Ψ·b. Torch's DDP puts every gradient in one bucket for the first step (it does not yet know the
+    order gradients become ready), then rebuilds buckets of ``bucket_cap_mb`` in that order; the rebuild step
+    also broadcasts the new bucket layout from rank 0 (a few small int64 broadcasts, once, not modelled here).
+    ``buffer_bytes``: module buffers (e.g. rotary ``inv_freq``) that DDP broadcasts from rank 0 before the first
+    forward of each step (``broadcast_buffers=True``, the default; forwards after a no_sync backward skip it).
+    """
+    _check(num_params, world)
+    total = num_params * grad_bytes
+    buckets = list(bucket_bytes) if bucket_bytes is not None else [total]
+    if sum(buckets) != total:
+        raise ValueError(f"bucket sizes sum to {sum(buckets)} bytes but the gradients are {num_params} x "
+                         f"{grad_bytes} = {total} bytes")
+    plan = [Collective("all_reduce", b, 1, world) for b in buckets]
+    if buffer_bytes:
+        plan.append(Collective("broadcast", buffer_bytes, 1, world))
+    return merge(plan)
+
+
+def zero(stage: int, num_params: int, world: int, *, param_bytes: int = 4, grad_bytes: int = 4,
+         micro_batches: int = 1) -> list[Collective]:
+    """ZeRO (textbook, as in the ZeRO paper §7): which collectives move gradients and parameters per step.
+
+    Stage 1: gradients stay whole until the step, then reduce-scatter once; each rank updates its shard and the
+    new parameters are all-gathered. Stage 2: gradients are sharded as they are produced, so the reduce-scatter
+    runs every micro-batch. Stage 3 (= FSDP): parameters are sharded too; see ``fsdp``.
+    Real engines bucket these calls (DeepSpeed's ``reduce_bucket_size`` / ``allgather_bucket_size``) and may use
+    other primitives for them; compare bytes with a counter, and calls only after splitting by bucket.
+    """
+    _check(num_params, world, micro_batches)
+    if stage == 3:
+        return fsdp(num_params, world, param_bytes=param_bytes, grad_bytes=grad_bytes, micro_batches=micro_batches)
+    if stage not in (1, 2):
+        raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
+    rs = micro_batches if stage == 2 else 1
+    return merge([Collective("reduce_scatter", num_params * grad_bytes, rs, world),
+                  Collective("all_gather", num_params * param_bytes, 1, world)])
+
+
+def fsdp(units, world: int, *, param_bytes: int = 4, grad_bytes: int = 4, reshard_after_forward: bool = True,
+         micro_batches: int = 1) -> list[Collective]:
+    """ZeRO-3 / FSDP: per micro-batch, each unit all-gathers its parameters for forward, again for backward (if it
+    freed them after forward), and reduce-scatters its gradients.
+
+    ``units``: Ψ (one unit) or a list of per-unit parameter counts as the engine pads them (FSDP2 pads each
+    parameter's dim 0 to a multiple of the world size; pass the padded counts to match a counter exactly).
+    FSDP2 keeps the root module's parameters after forward; model that by passing the root as its own plan with
+    ``reshard_after_forward=False``.
+    """
+    units = [units] if isinstance(units, int) else list(units)
+    _check(sum(units), world, micro_batches)
+    gathers = 2 if reshard_after_forward else 1
+    plan = []
+    for u in units:
+        plan += [Collective("all_gather", u * param_bytes, gathers * micro_batches, world),
+                 Collective("reduce_scatter", u * grad_bytes, micro_batches, world)]
+    return merge(plan)
+
+
+def tensor_parallel(layers: int, tokens: int, hidden: int, tp: int, *, act_bytes: int = 2,
+                    sequence_parallel: bool = False, micro_batches: int = 1) -> list[Collective]:
+    """Megatron tensor parallelism of the transformer blocks (Shoeybi et al. 2019, §3, operators f and g).
+
+    Per layer and micro-batch: the attention block and the MLP each end in an all-reduce of the activations
+    (``tokens`` = micro-batch x sequence, x ``hidden`` x ``act_bytes``) in forward (g) and one in backward (f):
+    4 all-reduces. With sequence parallelism (Korthikanti et al. 2022) each all-reduce becomes an all-gather plus a
+    reduce-scatter of the same full-sequence payload — same wire bytes, activations sharded in between.
+    Vocabulary-parallel embedding / loss collectives are not included.
+    """
+    _check(hidden, tp, micro_batches)
+    s = tokens * hidden * act_bytes
+    k = 4 * layers * micro_batches
+    if sequence_parallel:
+        return merge([Collective("all_gather", s, k, tp), Collective("reduce_scatter", s, k, tp)])
+    return merge([Collective("all_reduce", s, k, tp)])
+
+
+def textbook_table(num_params: int, world: int, *, bytes_per_elem: int = 2) -> dict[str, float]:
+    """Bytes each rank sends per step for DDP / ZeRO-1 / ZeRO-2 / ZeRO-3, one micro-batch: the lecture table."""
+    b = bytes_per_elem
+    plans = {"ddp": ddp(num_params, world, grad_bytes=b),
+             "zero1": zero(1, num_params, world, param_bytes=b, grad_bytes=b),
+             "zero2": zero(2, num_params, world, param_bytes=b, grad_bytes=b),
+             "zero3": zero(3, num_params, world, param_bytes=b, grad_bytes=b)}
+    return {k: send_bytes_per_rank(p) for k, p in plans.items()}
