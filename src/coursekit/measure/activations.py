@@ -22,6 +22,7 @@ Usage (training mode matters: dropout saves tensors only when ``model.train()``)
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import defaultdict
 
@@ -72,7 +73,7 @@ def saved_activation_bytes(model: torch.nn.Module, input_ids: torch.Tensor, labe
 
     forward_kwargs.setdefault("use_cache", False)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with _meta_friendly(input_ids), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = model(input_ids=input_ids, labels=labels, **forward_kwargs)
     finally:
         for h in handles:
@@ -87,6 +88,26 @@ def saved_activation_bytes(model: torch.nn.Module, input_ids: torch.Tensor, labe
         result["by_layer"] = dict(_sum_by(seen.values(), lambda v: _region(v[1])))
     del out, keep
     return result
+
+
+@contextlib.contextmanager
+def _meta_friendly(input_ids: torch.Tensor):
+    """On the meta device, stop transformers' packed-sequence detection from reading tensor values (``.item()``
+    is impossible on meta): with no attention mask and no cache it only ever answers "not packed" for our inputs."""
+    if input_ids.device.type != "meta":
+        yield
+        return
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    orig = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = orig
 
 
 def _pop(stack: list) -> None:
@@ -122,7 +143,7 @@ def saved_tensors_listing(model: torch.nn.Module, input_ids: torch.Tensor, label
 
     forward_kwargs.setdefault("use_cache", False)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with _meta_friendly(input_ids), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = model(input_ids=input_ids, labels=labels, **forward_kwargs)
     finally:
         for h in handles:

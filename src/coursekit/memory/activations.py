@@ -15,6 +15,8 @@ Profiles (``impl`` × ``kernels``):
   activation dtype); fp32 SDPA runs the memory-efficient kernel (log-sum-exp padded to 32 rows), or the math path
   when grouped-query attention needs it. The CUDA profile is modelled from the kernels' signatures, not measured
   here (no GPU on the course machine).
+- ``hf`` + ``meta`` — what a meta-device measurement records (exact shapes of a 70B graph in seconds): like CPU,
+  except that SDPA always takes the math path and LayerNorm statistics are fp32.
 - ``fused`` — flash attention (q, k, v, output, fp32 log-sum-exp; K/V at their own head count) and fused norms
   (save the input and fp32 statistics only), CUDA dropout masks; the MLP and loss stay as HF writes them.
 
@@ -33,7 +35,7 @@ from coursekit.memory.shapes import ModelShape
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ATTENTION = ("sdpa", "eager")
 IMPLS = ("hf", "fused")
-KERNELS = ("cuda", "cpu")
+KERNELS = ("cuda", "cpu", "meta")
 RECOMPUTE = ("none", "selective", "full")
 # Tensors of the FFN width an activation function saves, not counting its output (which the next linear saves).
 # silu/gelu/gelu_pytorch_tanh save their input; relu saves only its output; quick_gelu: x and sigmoid(1.702x);
@@ -84,6 +86,8 @@ def attention_kernel(shape: ModelShape, *, dtype: str, attention: str, impl: str
         return "flash"
     if attention == "eager":
         return "eager"
+    if kernels == "meta":  # the meta device has no fused SDPA: always the (fp32-upcast) math path
+        return "math"
     if kernels == "cpu":  # CPU SDPA: flash kernel unless dropout is on, then the math path
         return "math" if dropout > 0 else "flash"
     if dtype != "fp32" and shape.head_dim <= 256:
@@ -126,7 +130,7 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     P = DTYPE_BYTES[dtype]  # activation dtype bytes
     cuda = impl == "fused" or kernels == "cuda"
     mask = 1 if cuda else P  # dropout mask: CUDA bool, CPU noise tensor in the activation dtype
-    stat = 4 if (cuda or dtype == "fp32") else P  # LayerNorm mean/rstd dtype
+    stat = 4 if (cuda or kernels == "meta" or dtype == "fp32") else P  # LayerNorm mean/rstd: CPU keeps the dtype
     h, d, f, V = shape.hidden, shape.head_dim, shape.ffn // tp, shape.vocab
     a, k = shape.heads // tp, max(1, shape.kv_heads // tp)
     s = seq // cp
