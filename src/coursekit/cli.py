@@ -75,7 +75,11 @@ class Memory(Passthrough):
         "coursekit.memory.cli:main"
 
 
-COMMANDS = [Demo(), Train(), Doctor(), Memory()]
+class Course(Passthrough):
+    name, help, target = "course", "instructors: build, validate, grade and report the labs", "coursekit.course.cli:main"
+
+
+COMMANDS = [Demo(), Train(), Doctor(), Memory(), Course()]
 
 
 def build_parser() -> argparse.ArgumentParser:

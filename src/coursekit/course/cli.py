@@ -1,0 +1,99 @@
+"""``coursekit course``: the instructor's commands.
+
+    coursekit course build [--lab L] [--check]      generate labs/ from solutions/ (--check: fail on drift)
+    coursekit course validate [--lab L] [--fast]     solutions pass every test; releases fail every exercise
+    coursekit course grade SUBMISSIONS --out DIR     grades.csv, exercises.csv, feedback HTML per student
+    coursekit course report DIR [--out FIG]          score distribution per exercise
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coursekit course", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default=None, help="course folder (default: nearest folder with nbgrader_config.py)")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+
+    b = sub.add_parser("build", help="generate labs/<lab>/ from solutions/<lab>/<lab>.py")
+    b.add_argument("--lab", action="append", help="only this lab (repeatable)")
+    b.add_argument("--check", action="store_true", help="write nothing; exit 1 if labs/ differ from a fresh build")
+
+    v = sub.add_parser("validate", help="every solution passes all its tests; every released lab fails every "
+                                        "exercise")
+    v.add_argument("--lab", action="append", help="only this lab (repeatable)")
+    v.add_argument("--fast", action="store_true", help="re-check only, without nbgrader's autograde")
+    v.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: CPU count)")
+
+    g = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lab>/<lab>.ipynb")
+    g.add_argument("submissions", help="folder of student folders (or one student's folder)")
+    g.add_argument("--out", required=True, help="output folder (grades.csv, exercises.csv, feedback/, ...)")
+    g.add_argument("--lab", action="append", help="only this lab (repeatable; default: every lab)")
+    g.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: CPU count)")
+    g.add_argument("--timeout", type=float, default=None,
+                   help="seconds per submission (default: the lab's submission_timeout)")
+    g.add_argument("--call-timeout", type=float, default=None,
+                   help="seconds per call of a student function in the re-check (default: the lab's)")
+    g.add_argument("--no-nbgrader", action="store_true",
+                   help="skip nbgrader's in-kernel autograde (the re-check alone sets the score anyway)")
+
+    r = sub.add_parser("report", help="score distribution per exercise as a figure")
+    r.add_argument("grades", help="output folder of `coursekit course grade`")
+    r.add_argument("--out", default=None, help="figure file (default: GRADES/score_distribution.png)")
+    return p
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from coursekit.course.config import Course
+
+    course = Course(args.root)
+    if args.cmd == "build":
+        from coursekit.course.authoring import build, drift
+
+        if args.check:
+            problems = drift(course, args.lab)
+            for p in problems:
+                print(p)
+            print("labs/ in sync with solutions/" if not problems else f"{len(problems)} difference(s)")
+            return 1 if problems else 0
+        for d in build(course, args.lab):
+            print(f"wrote {d.relative_to(course.root)}")
+        return 0
+    if args.cmd == "validate":
+        from coursekit.course.validate import validate
+
+        problems = validate(course, args.lab, nbgrader=not args.fast, jobs=args.jobs, progress=_say)
+        for p in problems:
+            print(f"FAIL {p}")
+        print("all labs valid" if not problems else f"{len(problems)} problem(s)")
+        return 1 if problems else 0
+    if args.cmd == "grade":
+        from coursekit.course.grading import grade
+
+        rows = grade(course, args.submissions, args.out, labs=args.lab, jobs=args.jobs,
+                     autograde=not args.no_nbgrader, timeout=args.timeout, call_timeout=args.call_timeout,
+                     progress=_say)
+        bad = [r for r in rows if r.status in ("error", "flagged")]
+        print(f"graded {len(rows)} row(s) into {Path(args.out) / 'grades.csv'}"
+              f"{f'; {len(bad)} flagged or failed (see the reason column)' if bad else ''}")
+        return 0
+    if args.cmd == "report":
+        from coursekit.course.report import figure, load, table
+
+        data = load(args.grades)
+        print(table(data))
+        out = figure(data, args.out or Path(args.grades) / "score_distribution.png")
+        print(f"wrote {out}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The feedback page of one submission: the executed notebook with the re-check's verdict, hidden tests removed.
+
+- the page opens with the final score (the re-check), per exercise, and every note (load errors, hangs, crashes);
+- test cells show their visible part only, and their output is replaced by the re-check's result for that cell
+  (nbgrader's in-kernel output could be forged by the student's code);
+- any output that contains a line of a hidden test (a student can print ``In`` during autograde) is removed.
+"""
+from __future__ import annotations
+
+import html
+import threading
+
+import nbformat
+
+from coursekit.course.authoring import HIDDEN_BEGIN, HIDDEN_END, Lab
+
+_RENDER_LOCK = threading.Lock()
+_MIN_SECRET = 8  # hidden-test lines shorter than this ("else:", ")") are too common to scrub
+
+
+def strip_hidden(source: str) -> str:
+    out, inside = [], False
+    for ln in source.split("\n"):
+        if HIDDEN_BEGIN in ln:
+            inside = True
+        elif HIDDEN_END in ln:
+            inside = False
+        elif not inside:
+            out.append(ln)
+    return "\n".join(out).rstrip()
+
+
+def hidden_lines(lab: Lab) -> set[str]:
+    secret = set()
+    for c in lab.cells:
+        if c.kind != "test":
+            continue
+        visible = {ln.strip() for ln in strip_hidden(c.source).split("\n")}
+        inside = False
+        for ln in c.source.split("\n"):
+            if HIDDEN_BEGIN in ln:
+                inside = True
+            elif HIDDEN_END in ln:
+                inside = False
+            elif inside and len(ln.strip()) >= _MIN_SECRET and ln.strip() not in visible:
+                secret.add(ln.strip())
+    return secret
+
+
+def _output_text(out) -> str:
+    parts = [out.get("text", ""), out.get("ename", ""), out.get("evalue", ""), *out.get("traceback", [])]
+    for v in (out.get("data") or {}).values():
+        parts.append(v if isinstance(v, str) else "\n".join(v) if isinstance(v, list) else "")
+    return "\n".join(p if isinstance(p, str) else "".join(p) for p in parts)
+
+
+def _stream(text: str):
+    return nbformat.v4.new_output("stream", name="stdout", text=text)
+
+
+def sanitise(nb, lab: Lab, tests: dict[str, dict]) -> nbformat.NotebookNode:
+    """Hidden test source out of every cell and output; test cell outputs replaced by the re-check's results."""
+    nb = nbformat.from_dict(nb)
+    secret = hidden_lines(lab)
+    test_ids = {c.grade_id for c in lab.cells if c.kind == "test"}
+    for cell in nb.cells:
+        gid = (cell.get("metadata", {}).get("nbgrader", {}) or {}).get("grade_id")
+        if HIDDEN_BEGIN in cell.get("source", "") or gid in test_ids:
+            cell.source = strip_hidden(cell.source)
+        if any(s in cell.get("source", "") for s in secret):
+            cell.source = "# (this cell contained hidden test source and was removed)"
+        if cell.cell_type != "code":
+            continue
+        if gid in test_ids:
+            t = tests.get(gid)
+            if t is None:
+                text = "not graded"
+            elif t["passed"]:
+                text = f"passed: {t['points']:g} / {t['max_points']:g} points (independent re-check)"
+            else:
+                where = f"\nfailing line: {t['line']}" if t.get("line") else ""
+                text = f"failed: 0 / {t['max_points']:g} points (independent re-check)\n{t['message']}{where}"
+            cell.outputs = [_stream(text + "\n")]
+            continue
+        cell.outputs = [o if not any(s in _output_text(o) for s in secret)
+                        else _stream("[output removed: it contained hidden test source]\n") for o in cell.outputs]
+    return nb
+
+
+def summary_markdown(row: dict, recheck: dict | None) -> str:
+    lines = [f"# Feedback: {row['lab']} — {row['student']}", "",
+             f"**Score: {row['score']:g} / {row['max_score']:g}** (independent re-check of every test, visible and "
+             "hidden, against your functions run in a separate process; this is your grade)."]
+    if row.get("nbgrader_score") is not None and abs(row["nbgrader_score"] - row["score"]) > 1e-9:
+        lines.append(f"\nnbgrader's in-kernel autograde gave {row['nbgrader_score']:g}; it does not count.")
+    if row.get("reason"):
+        lines.append(f"\nStatus: {row['status']} — {html.escape(row['reason'])}")
+    if recheck:
+        per: dict[str, list[float]] = {}
+        for t in recheck["tests"]:
+            p = per.setdefault(t["exercise"], [0.0, 0.0])
+            p[0] += t["points"]
+            p[1] += t["max_points"]
+        lines += ["", "| exercise | points |", "|---|---|"]
+        lines += [f"| {name} | {p:g} / {m:g} |" for name, (p, m) in per.items()]
+        if recheck.get("notes"):
+            lines += ["", "Notes:"] + [f"- {html.escape(n)}" for n in recheck["notes"]]
+    return "\n".join(lines)
+
+
+def render(row: dict, lab: Lab, recheck: dict | None, notebook_path: str | None) -> str:
+    """HTML for one submission; ``notebook_path`` is the autograded notebook (or the submitted one, or None)."""
+    from nbconvert import HTMLExporter
+
+    tests = {t["grade_id"]: t for t in (recheck or {}).get("tests", [])}
+    nb = None
+    if notebook_path:
+        try:
+            nb = sanitise(nbformat.read(notebook_path, as_version=4), lab, tests)
+        except Exception:  # noqa: BLE001 (an unreadable notebook still gets its summary page)
+            nb = None
+    if nb is None:
+        nb = nbformat.v4.new_notebook()
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(summary_markdown(row, recheck)))
+    with _RENDER_LOCK:
+        body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    return body

@@ -1,0 +1,72 @@
+"""Helpers for a lab's test cells, which run in two places with the same code:
+
+- in the student's kernel (the learner's checks, nbgrader's autograde), where a student name is the real function;
+- in the grader's re-check, where it is a ``StudentFunction`` that runs the function in the student's process.
+
+``launch_function`` runs a student function on N processes under torchrun (through ``coursekit.launch``) and
+returns what each rank reported, as plain JSON data; ``describe_figure`` turns a matplotlib figure into plain data
+(title, axis labels, lines with their x/y values) so a test can assert on a plot.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+
+HARNESS = '''
+# --- harness: coursekit.course.testing.launch_function
+if __name__ == "__main__":
+    import importlib as _importlib, json as _json
+    _module, _, _attr = {driver!r}.partition(":")
+    getattr(_importlib.import_module(_module), _attr)({fn}, **_json.loads({kwargs!r}))
+'''
+
+
+def program_of(fn) -> str:
+    """Source that defines ``fn`` and what it needs: the student's program in the re-check; in a notebook the
+    definitions of every cell run so far; else the source file of ``fn``'s module."""
+    from coursekit.course.program import definitions
+
+    if hasattr(fn, "program"):  # a StudentFunction
+        return fn.program
+    try:
+        ip = get_ipython()  # noqa: F821 (defined in IPython kernels only)
+    except NameError:
+        ip = None
+    if ip is not None and getattr(fn, "__module__", None) == "__main__":
+        cells = ip.user_ns.get("In", [])[1:]
+        return "\n".join(definitions(src, f"<In {i}>").source for i, src in enumerate(cells, 1))
+    return inspect.getsource(inspect.getmodule(fn))
+
+
+def launch_function(fn, driver: str, *, nproc: int = 2, timeout: float = 120, **kwargs) -> list:
+    """Run ``driver(fn, **kwargs)`` on every rank of an ``nproc``-process torchrun job; per-rank reports.
+
+    ``driver`` ("package.module:function") is library code: it sets up the process group, calls ``fn`` and
+    ``report``s raw results. Judge them in the test cell, never in the job (the student's code runs there).
+    A failing or hanging job raises ``LaunchError`` (every process is stopped) naming the rank and its traceback.
+    """
+    from coursekit.launch import launch_code
+
+    name = getattr(fn, "__name__", None)
+    if not name or not name.isidentifier():
+        raise TypeError(f"launch_function needs a named function, got {fn!r}")
+    script = program_of(fn) + HARNESS.format(driver=driver, fn=name, kwargs=json.dumps(kwargs))
+    res = launch_code(script, nproc=nproc, timeout=timeout, stream=False)
+    return res.results
+
+
+def describe_figure(fig) -> dict:
+    """``{"axes": [{"title", "xlabel", "ylabel", "xscale", "yscale", "lines": [{"label", "x", "y"}]}]}``.
+
+    Accepts an already-described figure (what a re-check receives) and returns it unchanged."""
+    if isinstance(fig, dict) and "axes" in fig:
+        return fig
+    if not hasattr(fig, "get_axes"):
+        raise TypeError(f"expected a matplotlib Figure, got {type(fig).__name__}")
+    axes = []
+    for ax in fig.get_axes():
+        lines = [{"label": str(ln.get_label()), "x": [float(v) for v in ln.get_xdata()],
+                  "y": [float(v) for v in ln.get_ydata()]} for ln in ax.get_lines()]
+        axes.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                     "xscale": ax.get_xscale(), "yscale": ax.get_yscale(), "lines": lines})
+    return {"axes": axes}
