@@ -1,0 +1,82 @@
+"""The `coursekit memory` command contract (run as `python -m coursekit.memory`), and the no-torch promise."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from coursekit.memory.cli import main
+
+CATEGORY_FIELDS = ("parameters_bytes", "gradients_bytes", "master_weights_bytes", "optimizer_states_bytes",
+                   "saved_activations_bytes", "logits_loss_bytes", "communication_buckets_bytes",
+                   "unsharded_fsdp_units_bytes", "runtime_bytes")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coursekit.memory", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_json_contract_and_measured_activations():
+    r = run_cli("--model", "tiny-llama", "--batch", "2", "--seq", "48", "--kernels", "cpu", "--dp", "2",
+                "--zero", "2", "--gpu", "H100-80GB", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for k in CATEGORY_FIELDS + ("activations_bytes", "peak_bytes", "phases", "peak_phase", "cpu_bytes",
+                                "nvme_bytes", "convention"):
+        assert k in d, k
+    assert d["peak_bytes"] == max(d["phases"].values()) and d["fits"] is True
+    assert "16Ψ" in d["convention"]
+    # activations_bytes is the saved-for-backward bytes of a real forward pass of that model on the CPU
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from coursekit.measure.activations import saved_activation_bytes
+    from coursekit.memory import preset, to_hf_config_dict
+    cfg = to_hf_config_dict(preset("tiny-llama"))
+    cfg.pop("model_type")
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**cfg), dtype=torch.bfloat16,
+                                                           attn_implementation="sdpa").train()
+    ids = torch.randint(0, 256, (2, 48))
+    measured = saved_activation_bytes(model, ids, labels=ids)["total_bytes"]
+    assert d["activations_bytes"] == pytest.approx(measured, rel=0.01)
+
+
+def test_config_json_path_and_solver(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+                                "vocab_size": 50257, "n_positions": 1024}))
+    r = run_cli("--model", str(path), "--batch", "4", "--seq", "1024", "--attention", "eager", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["num_params"] == 124439808
+    r = run_cli("--model", "llama3-8b", "--seq", "4096", "--dp", "8", "--zero", "3", "--gpu", "H100-80GB",
+                "--solve", "max-batch", "--json")
+    d = json.loads(r.stdout)
+    assert d["solution"]["max_batch"] == d["config"]["batch"] and d["fits"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "llama3-8b", "--batch", "1", "--seq", "1024", "--tp", "3"], "must divide heads"),
+    (["--model", "nope", "--batch", "1", "--seq", "1024"], "unknown model preset"),
+    (["--model", "llama3-8b", "--batch", "0", "--seq", "1024"], "batch must be > 0"),
+    (["--model", "llama3-8b", "--seq", "1024"], "--batch is required"),
+    (["--model", "llama3-8b", "--batch", "1", "--seq", "1024", "--world", "6", "--tp", "4"], "not divisible"),
+])
+def test_errors_exit_2(args, message, capsys):
+    assert main(args + ["--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+def test_table_output(capsys):
+    assert main(["--model", "gpt2", "--batch", "8", "--seq", "1024", "--gpu", "A100-40GB"]) == 0
+    out = capsys.readouterr().out
+    assert "phase start_of_backward" in out and "A100-40GB" in out
+
+
+def test_memory_package_imports_no_torch():
+    code = ("import sys, coursekit.memory, coursekit.memory.cli, coursekit.memory.solvers, coursekit.flops; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

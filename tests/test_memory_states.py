@@ -1,0 +1,85 @@
+"""Model-state bytes against independent numbers: the ZeRO and ZeRO-Offload papers, and torch's own AdamW."""
+from __future__ import annotations
+
+import pytest
+
+from coursekit.memory import estimate, model_state_bytes
+
+GB = 1e9  # the ZeRO paper's GB
+
+
+@pytest.mark.parametrize("stage,paper_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.88)])
+def test_zero_paper_table(stage, paper_gb):
+    """Rajbhandari et al. 2020, Table 1: Ψ = 7.5B, N_d = 64, K = 12 (mixed-precision Adam)."""
+    st = model_state_bytes(7.5e9, precision="16psi", engine="deepspeed", zero=stage, shard=64)
+    assert st.resident / GB == pytest.approx(paper_gb, abs=0.05)  # the paper rounds to 3 significant figures
+
+
+def test_deepspeed_fp32_gradient_partition_at_step():
+    """What the paper's formula omits: DeepSpeed builds an fp32 copy of each rank's gradient partition at the step."""
+    psi, n = 7.5e9, 64
+    for stage in (1, 2, 3):
+        st = model_state_bytes(psi, zero=stage, shard=n)
+        assert st.step_grad_copy == pytest.approx(4 * psi / n)
+    assert model_state_bytes(psi, zero=2, shard=n, precision="18psi").step_grad_copy == 0  # grads already fp32
+    e = estimate("llama3-8b", batch=1, seq=1024, dp=64, zero=2)
+    assert e.phases["optimizer_step"] - e.phases["end_of_backward"] >= e.categories["step_grad_copy"]
+
+
+def test_conventions_bytes_per_parameter():
+    psi = 1e9
+    for name, per_param in [("16psi", 16), ("18psi", 18), ("20psi", 20), ("fp32", 16)]:
+        assert model_state_bytes(psi, precision=name, engine="ddp").resident == per_param * psi
+    sgd = model_state_bytes(psi, precision="fp32", optimizer="sgd", engine="ddp")
+    assert sgd.optimizer_states == 4 * psi
+
+
+def test_zero_offload_paper_gpu_footprint():
+    """Ren et al. 2021 (ZeRO-Offload): with optimizer states, master weights and gradients on the CPU the GPU
+    keeps only the 2Ψ fp16 parameters; the CPU holds fp32 weights, momentum, variance and fp32 gradients."""
+    psi = 10e9
+    st = model_state_bytes(psi, zero=2, shard=1, offload="cpu")
+    assert st.resident == 2 * psi
+    assert st.cpu == 16 * psi
+    nv = model_state_bytes(psi, zero=3, shard=4, offload="nvme", offload_params="nvme")
+    assert nv.resident == 0 and nv.nvme == (2 + 12) * psi / 4 and nv.cpu == 4 * psi / 4
+
+
+def test_fsdp2_and_hsdp_shard_everything():
+    psi = 8e9
+    st = model_state_bytes(psi, engine="fsdp2", shard=8)
+    assert st.resident == 16 * psi / 8  # fp32 sharded params (the master copy) + fp32 grads + AdamW m, v
+    full = estimate("llama3-8b", batch=1, seq=2048, engine="fsdp2", dp=16)
+    hsdp = estimate("llama3-8b", batch=1, seq=2048, engine="fsdp2", dp=16, hsdp_shard=8)
+    assert hsdp.categories["optimizer_states"] == 2 * full.categories["optimizer_states"]
+    keep = estimate("llama3-8b", batch=1, seq=2048, engine="fsdp2", dp=16, fsdp_reshard=False)
+    assert keep.categories["unsharded_fsdp_units"] > full.categories["unsharded_fsdp_units"]
+
+
+def test_tp_pp_split_parameters():
+    shape_total = estimate("llama3-70b", batch=1, seq=1024).params_per_tp_pp_rank
+    tp8 = estimate("llama3-70b", batch=1, seq=1024, tp=8).params_per_tp_pp_rank
+    assert shape_total / 8 < tp8 < shape_total / 7.9  # only norms are replicated
+    pp4 = estimate("llama3-70b", batch=1, seq=1024, pp=4, dp=64, zero=3)
+    assert pp4.params_per_tp_pp_rank < shape_total / 3.5
+    # 1F1B: the first stage (the worst once states are sharded) holds pp micro-batches of its 20 layers' activations
+    one = estimate("llama3-70b", batch=1, seq=1024)
+    assert pp4.pp_stage == 0
+    assert pp4.categories["saved_activations"] == pytest.approx(one.activations.layer_bytes * 20 * 4, rel=0.01)
+    gpipe = estimate("llama3-70b", batch=1, seq=1024, pp=4, dp=64, zero=3, microbatches=16, pp_schedule="gpipe")
+    # GPipe: every stage holds all 16 micro-batches; the last stage (layers + head and loss) is then the worst
+    assert gpipe.pp_stage == 3
+    assert gpipe.categories["saved_activations"] == 16 * one.activations.stage_bytes(20, first=False, last=True)
+
+
+def test_fp32_adamw_measured_with_torch():
+    """Pure fp32 AdamW holds 16 bytes per parameter: 4 weight + 4 gradient + 8 (m, v)."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    psi = sum(p.numel() for p in model.parameters())
+    held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
+    held += sum(v.nbytes for s in opt.state.values() for k, v in s.items() if k != "step")
+    assert held == model_state_bytes(psi, precision="fp32", engine="ddp").resident
