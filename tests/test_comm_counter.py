@@ -1,4 +1,5 @@
-"""CollectiveCounter in a live 2-process job: every collective path is seen, and DDP's bytes equal the volume model.
+"""CollectiveCounter in a live 2-process job: every route to a collective is seen; DDP's and FSDP2's counted
+collectives equal the volume model exactly.
 
 One launch runs every check (a launch costs ~6 s); this file is also the worker script (``python test_comm_counter.py``
 under torchrun). Each rank reports what it counted; the tests compare on every rank.
@@ -80,11 +81,31 @@ def _ddp_steps(info, dev):
                 strategy.forward_backward(ids, ids, i, n_micro)
             strategy.step()
         # the buckets this step used, as DDP's reducer holds them (rebuilt at the start of the second step)
-        buckets = [b.buffer().numel() * b.buffer().element_size() for b in ddp.reducer._get_zeros_like_grad_buckets()]
+        buckets = [b.buffer().numel() * b.buffer().element_size()
+                   for b in ddp.reducer._get_zeros_like_grad_buckets()]
         steps.append({"micro": n_micro, "records": [r.to_dict() for r in cc.records], "bucket_bytes": buckets})
     return {"steps": steps,
             "num_params": sum(p.numel() for p in ddp.parameters() if p.requires_grad),
             "buffer_bytes": sum(b.numel() * b.element_size() for b in ddp.module.buffers())}
+
+
+def _fsdp2(info, dev):
+    """One step of FSDP2 (each decoder layer a unit, then the root) on the tiny Llama."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from coursekit.comm.counter import CollectiveCounter
+
+    model = _tiny_llama().to(dev)
+    layers = [sum(p.numel() for p in layer.parameters()) for layer in model.model.layers]
+    root = sum(p.numel() for p in model.parameters()) - sum(layers)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(info.rank)).to(dev)
+    with CollectiveCounter() as cc:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return {"layers": layers, "root": root, "records": [r.to_dict() for r in cc.records]}
 
 
 def _tensor_parallel(info, dev):
@@ -128,9 +149,10 @@ def _worker() -> None:
     from coursekit.launch import report
 
     with ckdist.session(seed=0) as info:
-        report({"rank": info.rank, "world": info.world_size, "paths": _paths(info, info.device),
-                "ddp": _ddp_steps(info, info.device), "tp": _tensor_parallel(info, info.device),
-                "ring": _ring(info, info.device)})
+        dev = info.device
+        report({"rank": info.rank, "world": info.world_size, "paths": _paths(info, dev),
+                "ddp": _ddp_steps(info, dev), "fsdp2": _fsdp2(info, dev), "tp": _tensor_parallel(info, dev),
+                "ring": _ring(info, dev)})
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +217,17 @@ def test_ddp_all_reduce_bytes_equal_the_volume_model_exactly(results):
             wire = sum(volume.wire_bytes("all_reduce", r["bytes"], n) for r in ar)
             assert wire == pytest.approx(2 * (n - 1) / n * psi * 4, rel=1e-12)
         assert len(d["steps"][2]["bucket_bytes"]) > 1  # after the rebuild: 0.1 MiB buckets
+
+
+def test_fsdp2_collectives_equal_the_volume_model(results):
+    for res in results:
+        f, n = res["fsdp2"], res["world"]
+        # every layer all-gathers for forward and again for backward, then reduce-scatters its gradients; FSDP2
+        # keeps the root's parameters from forward to backward, so the root gathers once (tiny-Llama dims divide
+        # by 2, so there is no padding)
+        model = volume.merge(volume.fsdp(f["layers"], n) + volume.fsdp(f["root"], n, reshard_after_forward=False))
+        assert _plan(f["records"]) == model
+        assert {r["impl"] for r in f["records"]} == {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_"}
 
 
 def test_tensor_parallel_functional_collectives_are_counted(results):

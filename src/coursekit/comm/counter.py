@@ -11,10 +11,15 @@ Why a dispatch mode, not wrappers around ``torch.distributed.all_reduce`` & co.?
     when its backend starts (deepspeed/comm/torch.py), so patching the module afterwards misses ZeRO's traffic;
   * DTensor (TP, FSDP2's DTensor ops) issues functional collectives (``torch.ops._c10d_functional.*``).
 Every one of these paths ends in a dispatcher op — ``c10d::allreduce_``, ``c10d::_allgather_base_``, … or
-``_c10d_functional::*`` — and a ``TorchDispatchMode`` sees those ops, on this thread and on the autograd threads
-that run backward (the mode is part of the thread-local state autograd hands to them). While the mode handles an
-op it is switched off, so a collective made inside another (e.g. ``all_gather_object``'s two all-gathers are
-counted, not the call around them) is never counted twice.
+``_c10d_functional::*`` — and a ``TorchDispatchMode`` sees those ops. It is thread-local: on GPUs backward runs on
+autograd's device threads, which receive the caller's dispatch modes with the rest of ATen's ThreadLocalState
+(checked here on CPU only, where backward runs on the calling thread). While the mode handles an op it is switched
+off, so a collective made inside another is never counted twice (``all_gather_object`` shows as its two
+all-gathers, of the pickled sizes and of the pickles).
+
+Seen in tests: dist.* and distributed_c10d.* calls, a reference captured before counting, DDP's reducer (one
+all-reduce per bucket), FSDP2 (``_allgather_base_`` / ``_reduce_scatter_base_``), DTensor TP (functional
+all-reduces), ``batch_isend_irecv``. Collectives issued by a thread the job starts itself are not seen.
 
 Payload convention: ``volume.py``'s (the nccl-tests size: all_gather = gathered output, reduce_scatter = full
 input). ``record.wire_bytes`` is what this rank sends for it under a ring algorithm.
