@@ -61,6 +61,9 @@ def test_zero_and_fsdp_volumes_against_ddp():
                      volume.Collective("reduce_scatter", 400, 2, n), volume.Collective("reduce_scatter", 1200, 1, n)]
     with pytest.raises(ValueError, match="stage"):
         volume.zero(4, PSI, n)
+    # engines that all-reduce gradients (DeepSpeed's default bucketing) pay DDP's gradient traffic plus a gather
+    z1_ar = volume.send_bytes_per_rank(volume.zero(1, PSI, n, param_bytes=b, grad_bytes=b, grad_op="all_reduce"))
+    assert z1_ar == pytest.approx(1.5 * ddp)
 
 
 def test_tensor_parallel_volume_per_layer():

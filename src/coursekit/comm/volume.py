@@ -130,22 +130,26 @@ def ddp(num_params: int, world: int, *, grad_bytes: int = 4, bucket_bytes=None,
 
 
 def zero(stage: int, num_params: int, world: int, *, param_bytes: int = 4, grad_bytes: int = 4,
-         micro_batches: int = 1) -> list[Collective]:
+         micro_batches: int = 1, grad_op: str = "reduce_scatter") -> list[Collective]:
     """ZeRO (textbook, as in the ZeRO paper §7): which collectives move gradients and parameters per step.
 
     Stage 1: gradients stay whole until the step, then reduce-scatter once; each rank updates its shard and the
     new parameters are all-gathered. Stage 2: gradients are sharded as they are produced, so the reduce-scatter
     runs every micro-batch. Stage 3 (= FSDP): parameters are sharded too; see ``fsdp``.
-    Real engines bucket these calls (DeepSpeed's ``reduce_bucket_size`` / ``allgather_bucket_size``) and may use
-    other primitives for them; compare bytes with a counter, and calls only after splitting by bucket.
+    ``grad_op="all_reduce"`` models engines that all-reduce gradient buckets and keep their own partition:
+    DeepSpeed 0.19 does so by default (``use_multi_rank_bucket_allreduce``); counted on 2 ranks, stages 1 and 2
+    issue all_reduce Ψ·4 (+ a 4-byte overflow flag) and all_gather Ψ·4 per step. Real engines also bucket these
+    calls (``reduce_bucket_size`` / ``allgather_bucket_size``): compare bytes first, calls after splitting by bucket.
     """
     _check(num_params, world, micro_batches)
     if stage == 3:
         return fsdp(num_params, world, param_bytes=param_bytes, grad_bytes=grad_bytes, micro_batches=micro_batches)
     if stage not in (1, 2):
         raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
+    if grad_op not in ("reduce_scatter", "all_reduce"):
+        raise ValueError(f"grad_op must be 'reduce_scatter' or 'all_reduce', got {grad_op!r}")
     rs = micro_batches if stage == 2 else 1
-    return merge([Collective("reduce_scatter", num_params * grad_bytes, rs, world),
+    return merge([Collective(grad_op, num_params * grad_bytes, rs, world),
                   Collective("all_gather", num_params * param_bytes, 1, world)])
 
 
