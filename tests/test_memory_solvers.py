@@ -70,6 +70,8 @@ def test_min_gpus_without_sharding_is_an_error():
     (dict(batch=1, seq=1000, cp=16), "not divisible by cp"),
     (dict(batch=1, seq=1024, zero=4), "zero stage must be"),
     (dict(batch=1, seq=1024, offload_params="cpu", zero=2), "ZeRO-3 or FSDP2"),
+    (dict(batch=1, seq=1024, offload="nvme", zero=2), "needs ZeRO stage 3"),
+    (dict(batch=1, seq=1024, offload="cpu", zero=0), "stage 1, 2 or 3"),
     (dict(batch=1, seq=1024, cp=2, attention="eager"), "context parallelism"),
     (dict(batch=1, seq=1024, engine="fsdp2", dp=6, hsdp_shard=4), "HSDP shard group"),
     (dict(batch=1, seq=1024, pp=64), "exceeds the number of layers"),

@@ -123,8 +123,9 @@ def _sum_by(values, key) -> dict:
 
 def saved_tensors_listing(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                           **forward_kwargs) -> list[tuple[str, str, tuple, str, int]]:
-    """Debug aid: one row per distinct saved storage, in save order: (module, grad_fn of the saving op is not
-    visible to a pack hook, so we give the tensor's own grad_fn), shape, dtype, storage bytes."""
+    """Debug aid: one row per distinct saved storage, in save order:
+    (innermost module path, the saved tensor's own grad_fn name, shape, dtype, storage bytes).
+    A pack hook cannot see which op saves a tensor; the tensor's grad_fn says which op made it."""
     rows = []
     excluded = {_storage_key(t) for t in model.parameters()} | {_storage_key(t) for t in model.buffers()}
     seen, keep, stack, handles = set(), [], [], []

@@ -28,6 +28,7 @@ residual-stream tensors (norms, dropout masks) over TP ranks; CP splits the sequ
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from coursekit.memory.errors import ConfigError, choice
 from coursekit.memory.shapes import ModelShape
@@ -95,12 +96,14 @@ def attention_kernel(shape: ModelShape, *, dtype: str, attention: str, impl: str
     return "efficient" if shape.kv_heads == shape.heads else "math"
 
 
+@lru_cache(maxsize=8192)  # a pure function of hashable inputs; grids and solvers repeat the same activations
 def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "sdpa",
                      impl: str = "hf", kernels: str = "cuda", recompute: str = "none", dropout: float | None = None,
                      tp: int = 1, sp: bool = False, cp: int = 1) -> ActivationReport:
     """Saved activation bytes of one micro-batch of ``batch`` sequences of ``seq`` tokens, on one TP/CP rank.
 
-    ``dropout`` overrides the shape's dropout rates (all of them) when given.
+    ``dropout`` overrides the shape's dropout rates (all of them) when given. The report is cached and shared:
+    treat it as read-only.
     """
     choice("dtype", dtype, DTYPE_BYTES)
     choice("attention", attention, ATTENTION)

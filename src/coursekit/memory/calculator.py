@@ -95,9 +95,9 @@ class Estimate:
         d.update(peak_bytes=self.peak_bytes, peak_phase=self.peak_phase, phases=dict(self.phases),
                  pp_stage=self.pp_stage, cpu_bytes=self.cpu_bytes, nvme_bytes=self.nvme_bytes, gpu=self.gpu,
                  gpu_memory_bytes=self.gpu_memory_bytes, fits=self.fits,
-                 activation_terms={"per_layer": self.activations.per_layer, "layers": self.activations.layers,
-                                   "embed": self.activations.embed, "shared": self.activations.shared,
-                                   "head": self.activations.head},
+                 activation_terms={"per_layer": dict(self.activations.per_layer), "layers": self.activations.layers,
+                                   "embed": dict(self.activations.embed), "shared": dict(self.activations.shared),
+                                   "head": dict(self.activations.head)},
                  notes=list(self.notes))
         return d
 

@@ -27,7 +27,7 @@ weights and shard them too, as torchtitan and DeepSpeed-Ulysses do; HSDP shards 
 Offload (``offload`` for optimizer state, ``offload_params`` for ZeRO-3 / FSDP2 parameters): DeepSpeed's
 ZeRO-Offload keeps fp32 master weights, optimizer states and the fp32 gradient partition on the CPU (stage ≥ 2
 streams gradients there during backward); ``nvme`` moves master weights and states to NVMe, the gradient partition
-stays in CPU memory. FSDP2's CPUOffloadPolicy moves sharded parameters, gradients and optimizer states to the CPU.
+stays in CPU memory (ZeRO-Infinity: stage 3 only). FSDP2's CPUOffloadPolicy moves sharded parameters, gradients and optimizer states to the CPU.
 """
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ PRECISIONS = {  # name -> (param, grad, master, persistent fp32 grad copy, state
     "fp32": (4, 4, 0, 0, 4),
 }
 PRECISION_TEXT = {
-    "16psi": "16Ψ: bf16 params + grads, fp32 master + optimizer states",
-    "18psi": "18Ψ: bf16 params, fp32 grads, fp32 master + optimizer states",
-    "20psi": "20Ψ: bf16 params + grads, persistent fp32 grad copy, fp32 master + optimizer states",
+    "16psi": "16Ψ: 16-bit params + grads, fp32 master + optimizer states",
+    "18psi": "18Ψ: 16-bit params, fp32 grads, fp32 master + optimizer states",
+    "20psi": "20Ψ: 16-bit params + grads, persistent fp32 grad copy, fp32 master + optimizer states",
     "fp32": "fp32: fp32 params (own master) + grads + optimizer states",
 }
 OPTIMIZERS = {"adamw": 2, "adam": 2, "sgd": 1, "sgd-nomomentum": 0, "lion": 1}  # states per parameter
@@ -94,6 +94,10 @@ def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str
         raise ConfigError("FSDP2 offloads to the CPU only (CPUOffloadPolicy); NVMe offload is DeepSpeed's")
     if engine == "ddp" and (offload != "none"):
         raise ConfigError("DDP has no offload; use DeepSpeed ZeRO or FSDP2")
+    if engine == "deepspeed" and offload != "none" and zero == 0:
+        raise ConfigError("DeepSpeed offloads optimizer state with ZeRO stage 1, 2 or 3, not 0")
+    if engine == "deepspeed" and "nvme" in (offload, offload_params) and zero != 3:
+        raise ConfigError("NVMe offload (ZeRO-Infinity) needs ZeRO stage 3")
     P, G, M, GC, S = PRECISIONS[precision]
     K = S * OPTIMIZERS[optimizer]
     N = shard
