@@ -127,7 +127,7 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     kernel = attention_kernel(shape, dtype=dtype, attention=attention, impl=impl, kernels=kernels, dropout=p_attn)
     if cp > 1 and kernel in ("eager", "math"):
         raise ConfigError("context parallelism needs a flash-style attention kernel (sdpa on CUDA, or fused)")
-    if impl == "hf" and shape.activation not in ACTIVATION_SAVES:
+    if shape.activation not in ACTIVATION_SAVES:
         raise ConfigError(f"unknown activation {shape.activation!r}; known: {', '.join(ACTIVATION_SAVES)}")
 
     P = DTYPE_BYTES[dtype]  # activation dtype bytes

@@ -72,19 +72,19 @@ def to_hf_config_dict(shape: ModelShape) -> dict:
     if shape.arch == "llama":
         if (shape.norm, shape.mlp, shape.positions) != ("rmsnorm", "swiglu", "rope"):
             raise ConfigError("a llama-style HF model has RMSNorm, a SwiGLU MLP and RoPE")
-        rope = {"rope_type": "default", "rope_theta": shape.rope_theta}
-        if shape.rope_scaling:
-            rope = {**shape.rope_scaling, "rope_theta": shape.rope_theta}
         d = {
             "model_type": "llama", "vocab_size": shape.vocab, "hidden_size": shape.hidden,
             "intermediate_size": shape.ffn, "num_hidden_layers": shape.layers,
             "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
             "hidden_act": shape.activation, "max_position_embeddings": shape.max_positions,
             "rms_norm_eps": shape.norm_eps, "tie_word_embeddings": shape.tied_embeddings,
-            "rope_parameters": rope, "attention_bias": shape.qkv_bias, "mlp_bias": shape.mlp_bias,
+            # the published config.json keys: transformers 4 reads them, transformers 5 converts them to rope_parameters
+            "rope_theta": shape.rope_theta, "attention_bias": shape.qkv_bias, "mlp_bias": shape.mlp_bias,
             "attention_dropout": shape.attn_dropout,
         }
-        if shape.vocab <= 2:
+        if shape.rope_scaling:
+            d["rope_scaling"] = dict(shape.rope_scaling)
+        if shape.vocab < 3:  # LlamaConfig's default bos/eos ids (1, 2) would lie outside the vocabulary
             d.update(bos_token_id=None, eos_token_id=None)
         return d
     if (shape.norm, shape.mlp, shape.positions) != ("layernorm", "gelu", "learned") or not shape.qkv_bias \
