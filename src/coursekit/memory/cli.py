@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
@@ -80,7 +81,7 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
 def run(ns: argparse.Namespace) -> dict | str:
     if ns.list_models:
         rows = {n: s.num_params() for n, s in sorted(PRESETS.items())}
-        return rows if ns.json else "\n".join(f"{n:<14}{v / 1e9:10.3f} B" for n, v in rows.items())
+        return rows if ns.json else "\n".join(f"{n:<14}{v:>18,} params" for n, v in rows.items())
     if ns.list_gpus:
         rows = {n: g.memory_bytes for n, g in GPUS.items()}
         return rows if ns.json else "\n".join(f"{n:<12}{v / GiB:8.0f} GiB" for n, v in rows.items())
@@ -131,5 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(out) if isinstance(out, dict) else out)
+    try:
+        print(json.dumps(out) if isinstance(out, dict) else out)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. piped into `head`: not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (silence the interpreter's flush at exit)
     return 0
