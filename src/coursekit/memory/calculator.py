@@ -45,6 +45,8 @@ def resolve_model(model) -> ModelShape:
             return PRESETS[str(model)]
         if str(model).endswith(".json") or Path(model).is_file():
             return from_hf_config(model)
+        if (Path(model) / "config.json").is_file():  # a model directory, as downloaded from the Hub
+            return from_hf_config(Path(model) / "config.json")
         return preset(str(model))  # raises with the list of names
     raise ConfigError(f"model must be a preset name, a config.json path, a dict or a ModelShape, got {model!r}")
 
@@ -106,8 +108,8 @@ class Estimate:
 
     def table(self) -> str:
         c, g = self.config, lambda b: f"{b / GiB:10.3f}"
-        lines = [f"{self.model}: {self.num_params / 1e9:.3f} B params, {self.params_per_tp_pp_rank / 1e9:.3f} B per rank"
-                 f" (pp stage {self.pp_stage})",
+        lines = [f"{self.model}: {self.num_params:,} params, {self.params_per_tp_pp_rank:,} on this TP/PP rank"
+                 f" (pp stage {self.pp_stage}) before ZeRO/FSDP sharding",
                  f"b={c.batch} s={c.seq} {c.dtype} {c.attention}/{self.activations.attention_kernel} impl={c.impl}"
                  f"-{c.kernels} recompute={c.recompute} | dp={c.dp} {c.engine} zero={c.zero} tp={c.tp}"
                  f"{'+sp' if c.sp else ''} pp={c.pp} cp={c.cp} | {self.convention}",
