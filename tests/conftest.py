@@ -11,21 +11,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-def _torchrun_procs() -> set[int]:
+def launched_processes(owner: int | None = None) -> set[int]:
+    """PIDs of live processes that coursekit.launch started from ``owner`` (default: this test process).
+
+    The launcher stamps COURSEKIT_LAUNCHED_BY=<its pid> into the environment of the agent and, through it, every
+    worker; an orphan keeps that stamp after it is re-parented, so this finds leftovers of our own launches only.
+    """
+    owner = str(os.getpid() if owner is None else owner)
     out = set()
-    for p in psutil.process_iter(["pid", "cmdline"]):
+    for p in psutil.process_iter(["pid"]):
         try:
-            if "torch.distributed.run" in " ".join(p.info["cmdline"] or []):
-                out.add(p.info["pid"])
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get("COURSEKIT_LAUNCHED_BY") == owner:
+                out.add(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     return out
 
 
 @pytest.fixture
 def no_orphans():
-    """Fails the test if it leaves a torchrun agent behind."""
-    before = _torchrun_procs()
+    """Fails the test if a launch made from this process left any process behind."""
     yield
-    left = _torchrun_procs() - before
-    assert not left, f"torchrun processes left behind: {sorted(left)}"
+    left = launched_processes()
+    assert not left, f"processes left behind by coursekit.launch: {sorted(left)}"

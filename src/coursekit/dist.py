@@ -181,9 +181,13 @@ def session(seed: int | None = None, timeout_s: float | None = None):
         seed_all(seed, info.rank)
     try:
         yield info
-    finally:
+    except BaseException:
+        # a failing rank leaves without waiting for the others (its launcher stops them); no barrier here
         if dist.is_initialized():
             dist.destroy_process_group()
+        raise
+    # normal exit: everyone arrives before the group goes away, else a fast rank's teardown can strand a peer
+    destroy()
 
 
 def _check() -> None:

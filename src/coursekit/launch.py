@@ -5,7 +5,7 @@
 
 How it works
   * ``sys.executable -m torch.distributed.run`` (so it works from a notebook kernel whose PATH lacks the venv),
-    ``--master-port`` a port bound to 0 and released just before, ``--tee 3`` so every worker line comes back and
+    ``--standalone`` (the agent binds a free port itself), ``--tee 3`` so every worker line comes back and
     is re-prefixed ``[rank N]``; per-rank logs also land in a private temporary folder.
   * Workers call ``report(obj)``; it writes ``$COURSEKIT_RESULTS_DIR/rank-<RANK>.json``. The launcher reads the
     files back into ``LaunchResult.results`` (a list indexed by rank).
@@ -91,14 +91,6 @@ def default_nproc() -> int:
     return 2
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def kill_tree(proc: psutil.Process | int, grace_s: float = 5.0) -> None:
     """Terminate a process and all its descendants (found before the first signal), then kill the stragglers."""
     try:
@@ -120,24 +112,34 @@ def kill_tree(proc: psutil.Process | int, grace_s: float = 5.0) -> None:
     psutil.wait_procs(alive, timeout=grace_s)
 
 
+# a rank whose traceback matches this died because a peer went away: a consequence, not the cause
+_SECONDARY = re.compile(r"Connection closed by peer|Connection reset by peer|DistBackendError|DistNetworkError|"
+                        r"Broken pipe|SignalException|got signal")
+
+
 def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
-    """Which rank failed first (torchrun's 'Root Cause' summary) and that rank's last traceback."""
-    m = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", log, re.S)
-    rank = int(m.group(1)) if m else None
-    per_rank: dict[int, str] = {}
+    """Which rank failed first and that rank's last traceback.
+
+    Among ranks whose log holds a traceback, a primary error (not a lost peer) beats a secondary one, and an
+    earlier last write beats a later one; torchrun's own 'Root Cause' (order in which it saw exits) comes last.
+    """
+    per_rank: dict[int, tuple[str, float]] = {}
     for f in logdir.rglob("stderr.log"):
         try:
-            per_rank[int(f.parent.name)] = f.read_text(errors="replace")
+            per_rank[int(f.parent.name)] = (f.read_text(errors="replace"), f.stat().st_mtime)
         except ValueError:
             continue
-    if rank is None:  # fall back to the first rank whose log has a traceback
-        rank = next((r for r in sorted(per_rank) if "Traceback" in per_rank[r]), None)
-    text = per_rank.get(rank, "") if rank is not None else ""
+    failed = [r for r, (text, _) in per_rank.items() if "Traceback" in text]
+    m = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", log, re.S)
+    rank = int(m.group(1)) if m else None
+    if failed:
+        rank = min(failed, key=lambda r: (bool(_SECONDARY.search(per_rank[r][0])), per_rank[r][1]))
+    text = per_rank.get(rank, ("", 0))[0] if rank is not None else ""
     if "Traceback" not in text:  # logs not written (early crash): search the combined output
         text = "\n".join(_PREFIX.sub("", ln) for ln in log.splitlines()
-                         if rank is None or ln.startswith(f"[default{rank}]:"))
-    i = text.rfind("Traceback (most recent call last)")
-    return rank, (text[i:].strip() if i >= 0 else text.strip()[-4000:])
+                         if rank is None or ln.startswith(f"[rank {rank}]"))
+    k = text.rfind("Traceback (most recent call last)")
+    return rank, (text[k:].strip() if k >= 0 else text.strip()[-4000:])
 
 
 def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | None = None,
@@ -160,13 +162,17 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
     work = Path(tempfile.mkdtemp(prefix="coursekit-launch-"))
     results_dir, logdir = work / "results", work / "logs"
     results_dir.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--max-restarts", str(max_restarts),
+    # --standalone: c10d rendezvous on localhost:0, so the OS hands the agent a free port atomically (a port picked
+    # here and released would race with a concurrent launch) and every launch has its own run id.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "--max-restarts", str(max_restarts),
            "--tee", "3", "--log-dir", str(logdir), *map(str, torchrun_args)]
     cmd += [target] if is_script else ["-m", target]
     cmd += [str(a) for a in args]
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                "PYTHONUNBUFFERED": "1", RESULTS_ENV: str(results_dir), **(env or {})}
+                "PYTHONUNBUFFERED": "1", RESULTS_ENV: str(results_dir), "COURSEKIT_LAUNCH_T0": repr(time.time()),
+                "COURSEKIT_LAUNCHED_BY": str(os.getpid()),
+                **(env or {})}
     if max_restarts:
         # restarted gloo workers otherwise read the previous attempt's addresses from the shared store
         full_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

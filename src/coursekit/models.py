@@ -57,7 +57,7 @@ def build_model(model: str | dict, *, attention: str = "sdpa", dtype: torch.dtyp
     if seed is not None:
         torch.manual_seed(seed)
     with torch.device(device):
-        m = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation=attention)
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention)
     return m
 
 

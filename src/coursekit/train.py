@@ -12,6 +12,7 @@ runs at different world sizes see identical data and can be compared step by ste
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -47,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every K steps (and at the end)")
     p.add_argument("--crash-at-step", type=int, default=None,
                    help="fault injection: raise at this step unless the run resumed from a checkpoint")
+    p.add_argument("--recompute", default="none", choices=("none", "full"),
+                   help="activation checkpointing of every transformer block")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
+    p.add_argument("--profile-dir", default=None, help="write a torch.profiler trace per rank (steps 2-4)")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     return p
 
@@ -104,6 +109,7 @@ def _save(strategy, ckpt_dir: Path, step: int, info) -> None:
 
 def run(args) -> dict:
     """Train under an already-launched process group layout; returns this rank's record."""
+    import psutil
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -112,6 +118,7 @@ def run(args) -> dict:
     from coursekit import strategies
     from coursekit.data import make_dataset, micro_batches
     from coursekit.models import build_model
+    from coursekit.profiling import maybe_profile
 
     validate(args)
     with ckdist.session(seed=args.seed) as info:
@@ -120,6 +127,8 @@ def run(args) -> dict:
         dp_rank = getattr(strategy, "dp_rank", info.rank)
         resolve_batch(args, dp_world)
         model = build_model(args.model, attention=args.attention, seed=args.seed)  # same init on every rank
+        if args.recompute == "full":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         strategy.setup(model)
         ds = make_dataset(args.data, seq_len=args.seq, num_samples=max(256, 4 * args.global_batch), seed=args.seed)
         start, resumed = 0, None
@@ -134,6 +143,8 @@ def run(args) -> dict:
                 start = resumed = last
         records = []
         tokens_per_step = args.global_batch * args.seq
+        prof_ctx = maybe_profile(args.profile_dir, info.rank)
+        prof = prof_ctx.__enter__()
         for step in range(start, args.steps):
             if args.crash_at_step is not None and step == args.crash_at_step and resumed is None:
                 raise RuntimeError(f"injected failure at step {step} (--crash-at-step)")
@@ -152,20 +163,31 @@ def run(args) -> dict:
             dist.all_reduce(loss)  # mean over data-parallel ranks (and replicas that hold the same loss)
             rec = {"step": step, "loss": loss.item() / info.world_size, "step_time_s": dt,
                    "tokens_per_s": tokens_per_step / dt}
+            if not records:  # start-up cost: from the launch (or this process's start) to the first step's end
+                t_start = float(os.environ.get("COURSEKIT_LAUNCH_T0") or psutil.Process().create_time())
+                first_step_after_s = time.time() - t_start
             records.append(rec)
             if info.is_main and not args.quiet:
                 print("step " + json.dumps(rec), flush=True)
+            prof.step()
             if ckpt_dir and args.save_every and (step + 1) % args.save_every == 0:
                 _save(strategy, ckpt_dir, step + 1, info)
+        prof_ctx.__exit__(None, None, None)
         if ckpt_dir and records and _latest(ckpt_dir) != args.steps:
             _save(strategy, ckpt_dir, args.steps, info)
         final = {"strategy": args.strategy, "model": args.model, "world_size": info.world_size,
                  "backend": info.backend, "device": info.device, "micro_batch": args.micro_batch,
                  "global_batch": args.global_batch, "grad_accum": args.grad_accum, "seq": args.seq,
                  "dtype": args.dtype, "resumed_from_step": resumed,
+                 "first_step_after_s": first_step_after_s if records else None,
                  "num_params": sum(p.numel() for p in model.parameters()),
                  "param_sq_sum": strategy.param_sq_sum(),
                  **(strategy.last_state_bytes or {})}
+        # free the wrapped model (DDP's reducer, DeepSpeed's engine) while the process group still exists: left to
+        # the garbage collector after teardown, a gloo reducer's destructor can block forever
+        del model
+        strategy.close()
+        gc.collect()
         return {"rank": info.rank, "steps": records, "final": final}
 
 
