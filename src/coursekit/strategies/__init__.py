@@ -10,6 +10,11 @@ import importlib
 REGISTRY = {
     "single": "coursekit.strategies.ddp:Single",
     "ddp": "coursekit.strategies.ddp:DDP",
+    "zero0": "coursekit.strategies.zero:Zero0",
+    "zero1": "coursekit.strategies.zero:Zero1",
+    "zero2": "coursekit.strategies.zero:Zero2",
+    "zero3": "coursekit.strategies.zero:Zero3",
+    "deepspeed": "coursekit.strategies.zero:ZeRO",
 }
 
 

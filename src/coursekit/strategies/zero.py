@@ -1,0 +1,248 @@
+"""ZeRO stages 0-3 through the real DeepSpeed engine (``deepspeed.initialize``): gloo on CPU, NCCL on GPUs.
+
+    coursekit train --strategy zero2 --steps 5                                     # configs/deepspeed/zero2.json
+    coursekit train --strategy zero3 --ds-config configs/deepspeed/zero3_offload_cpu.json
+    coursekit train --strategy deepspeed --ds-config my.json --dtype bf16          # any learner-written JSON
+
+The engine replaces the plain loop's pieces one for one: ``engine(batch)`` is the forward, ``engine.backward(loss)``
+scales by 1/grad-accum and reduces gradients in buckets (ZeRO-2/3: each rank keeps its partition),
+``engine.step()`` steps the (partitioned) optimizer and re-gathers parameters. DeepSpeed counts micro-batches
+itself, so ``step()`` runs after every micro-batch; it only updates weights on the last one.
+
+The config: ``--ds-config`` or ``configs/deepspeed/zero<N>.json``; the trainer writes its batch and ``--dtype`` in
+(``coursekit.zero.config.finalize``). ``--dtype bf16`` is DeepSpeed's ``bf16.enabled`` (bf16 weights and
+gradients, fp32 master partition), not autocast.
+
+Measured step (the last): every rank records what DeepSpeed holds (``coursekit.zero.held``) once at the end of
+backward (parameters, gradients, buffers) and once inside the optimizer step (fp32 master, optimizer states and
+the fp32 gradient partition, which exists only then), and counts the collectives of the whole step
+(``coursekit.comm.counter``, which slows that one step a little).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import torch
+
+from coursekit.strategies.base import Strategy
+
+
+class ZeRO(Strategy):
+    name = "deepspeed"
+    stage: int | None = None  # None: the stage written in --ds-config
+
+    def __init__(self, args, info):
+        super().__init__(args, info)
+        from coursekit.zero import config as zc
+
+        if getattr(args, "ckpt_dir", None):
+            raise ValueError(f"--ckpt-dir is not supported with --strategy {args.strategy}: DeepSpeed writes its own "
+                             "checkpoints (engine.save_checkpoint), which the course does not use")
+        if getattr(args, "bucket_mb", None):
+            raise ValueError("--bucket-mb is DDP's; set reduce_bucket_size / allgather_bucket_size (elements) in the "
+                             "DeepSpeed JSON")
+        if self.stage is None and not args.ds_config:
+            raise ValueError("--strategy deepspeed takes its stage from a config: pass --ds-config FILE.json")
+        path = args.ds_config or zc.default_path(self.stage)
+        self.config_path = str(path) if args.ds_config or os.path.exists(path) else None
+        self.raw_config = zc.load_config(path) if self.config_path else zc.build_config(self.stage)
+        got = self.raw_config.get("zero_optimization", {}).get("stage")
+        if self.stage is not None and got is not None and int(got) != self.stage:
+            raise ValueError(f"strategy zero{self.stage} was given a config with zero_optimization.stage {got}; "
+                             f"use --strategy zero{got} or --strategy deepspeed")
+        self.autocast_dtype = None  # DeepSpeed's bf16 block casts the model itself
+        self._step = 0
+        self._counter = None
+        self._snapshots: dict = {}
+        self.collectives: dict | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def setup(self, model: torch.nn.Module) -> None:
+        from coursekit.zero import config as zc
+
+        deepspeed = _import_deepspeed(self.info.device)
+        a = self.args
+        self.ds_config, notes = zc.finalize(self.raw_config, micro_batch=a.micro_batch, grad_accum=a.grad_accum,
+                                            world=self.info.world_size, dtype=a.dtype, stage=self.stage)
+        if self.info.is_main:
+            for n in notes:
+                print(f"deepspeed config: {n}", flush=True)
+        model = model.to(self.device)
+        optimizer = None
+        if "optimizer" not in self.ds_config:  # the trainer's AdamW, exactly as DDP uses it
+            offloaded = zc.offload_devices(self.ds_config)["optimizer"] != "none"
+            optimizer = (torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
+                                           weight_decay=a.weight_decay, foreach=False)
+                         if offloaded else self.make_optimizer(model.parameters()))
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.ds_config,
+            model_parameters=[p for p in model.parameters() if p.requires_grad] if optimizer is None else None)
+        self.model = self.engine
+        self.stage_run = zc.stage_of(self.ds_config)
+
+    # -- one step ---------------------------------------------------------------------------------------------
+    def _measured(self) -> bool:
+        return self._step == self.args.steps - 1
+
+    def forward_backward(self, input_ids, labels, micro: int, n_micro: int) -> torch.Tensor:
+        if micro == 0 and self._measured():
+            from coursekit.comm.counter import CollectiveCounter
+
+            self._counter = CollectiveCounter().__enter__()
+        hooks = self._watch_last_gradient() if micro == n_micro - 1 and self._measured() else []
+        loss = self.engine(input_ids=input_ids, labels=labels).loss
+        self.engine.backward(loss)  # scales by 1/gradient_accumulation_steps itself
+        for h in hooks:
+            h.remove()
+        if micro < n_micro - 1:
+            self.engine.step()  # not a boundary: DeepSpeed only advances its micro-step count
+        return loss.detach()
+
+    def _watch_last_gradient(self) -> list:
+        """Snapshot what is held when the last gradient of the step arrives, before DeepSpeed's end-of-backward
+        reduction: ZeRO-1 (and stage 0) hold every gradient whole at that moment, ZeRO-2/3 only their partition
+        plus the bucket being filled."""
+        from coursekit.zero.held import held_bytes
+
+        params = [p for p in self.engine.module.parameters() if p.requires_grad]
+        left = [len(params)]
+
+        def arrived(p):
+            left[0] -= 1
+            if left[0] == 0:
+                self._snapshots["last_gradient"] = held_bytes(self.engine, **self._nvme_args())
+
+        self._snapshots = {}
+        return [p.register_post_accumulate_grad_hook(arrived) for p in params]
+
+    def step(self, measure: bool = False) -> None:
+        from coursekit.zero.held import held_bytes
+
+        hook = None
+        if measure:
+            self._snapshots["after_backward"] = held_bytes(self.engine, **self._nvme_args())
+            inner = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+
+            def at_step(opt, args, kwargs):  # inside the step: the fp32 gradient partition exists only now
+                snap = held_bytes(self.engine, **self._nvme_args())
+                prev = self._snapshots.get("at_step")
+                self._snapshots["at_step"] = snap if prev is None else _max_merge(prev, snap)
+
+            hook = inner.register_step_post_hook(at_step)
+        try:
+            self.engine.step()
+        finally:
+            if hook is not None:
+                hook.remove()
+            if self._counter is not None:
+                counter, self._counter = self._counter, None
+                counter.__exit__(None, None, None)
+                self.collectives = _plan(counter)
+        if measure:
+            self.last_state_bytes = self.state_bytes()
+        self._step += 1
+
+    def _nvme_args(self) -> dict:
+        from coursekit.zero.config import offload_devices
+
+        zero = self.ds_config.get("zero_optimization", {})
+        if "nvme" not in offload_devices(self.ds_config).values():
+            return {}
+        path = (zero.get("offload_optimizer") or {}).get("nvme_path") or (zero.get("offload_param") or {}).get(
+            "nvme_path")
+        return {"nvme_dir": path, "rank": self.info.rank}
+
+    def state_bytes(self) -> dict:
+        """The measured step's bytes: parameters, gradients and buffers at the end of backward (``grads_peak_bytes``:
+        the larger of that and the moment the last gradient arrived, before DeepSpeed's end-of-backward reduction);
+        master, optimizer states and the fp32 gradient partition inside the optimizer step. Every category at all
+        three moments is in ``zero_held``. ``params_bytes`` / ``grads_bytes`` / ``optimizer_bytes`` keep the
+        trainer's meaning."""
+        from coursekit.zero.config import offload_devices
+        from coursekit.zero.held import num_params
+
+        ab = self._snapshots.get("after_backward", {})
+        st = self._snapshots.get("at_step") or ab
+        lg = self._snapshots.get("last_gradient") or ab
+        return {
+            "params_bytes": ab.get("params", 0), "grads_bytes": ab.get("grads", 0),
+            "grads_peak_bytes": max(lg.get("grads", 0), ab.get("grads", 0)),
+            "master_bytes": st.get("master", 0), "optimizer_bytes": st.get("optimizer", 0),
+            "fp32_grads_bytes": st.get("fp32_grads", 0), "buffers_bytes": ab.get("buffers", 0),
+            "scalars_bytes": st.get("scalars", 0), "other_bytes": max(ab.get("other", 0), st.get("other", 0)),
+            "nvme_bytes": st.get("nvme", 0), "num_params": num_params(self.engine), "zero_stage": self.stage_run,
+            "offload": offload_devices(self.ds_config), "zero_held": self._snapshots,
+            "collectives": self.collectives, "ds_config": self.ds_config, "ds_config_path": self.config_path,
+        }
+
+    def param_sq_sum(self) -> float:
+        """Σ w² over the full model; ZeRO-3 gathers its partitioned parameters for it (a collective)."""
+        params = list(self.engine.module.parameters())
+        if self.stage_run == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(params):
+                return float(sum(p.detach().double().pow(2).sum() for p in params))
+        return float(sum(p.detach().double().pow(2).sum() for p in params))
+
+    def state_dict(self):
+        raise NotImplementedError("DCP checkpoints of a DeepSpeed engine are not supported (see --ckpt-dir)")
+
+    def load_state_dict(self, sd) -> None:
+        raise NotImplementedError("DCP checkpoints of a DeepSpeed engine are not supported (see --ckpt-dir)")
+
+
+class Zero0(ZeRO):
+    name, stage = "zero0", 0
+
+
+class Zero1(ZeRO):
+    name, stage = "zero1", 1
+
+
+class Zero2(ZeRO):
+    name, stage = "zero2", 2
+
+
+class Zero3(ZeRO):
+    name, stage = "zero3", 3
+
+
+def _import_deepspeed(device: str):
+    """Import DeepSpeed for this device, quietly, without its 60-120 s shared-memory comm op build on CPU."""
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if device == "cpu" and get_accelerator().device_name() != "cpu":
+        raise RuntimeError("DeepSpeed was imported for a GPU but this run is on the CPU (COURSEKIT_DEVICE=cpu): "
+                           "set DS_ACCELERATOR=cpu before anything imports deepspeed")
+    if get_accelerator().device_name() == "cpu":
+        # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce on first use; gloo needs none of it
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*deprecated", category=FutureWarning)
+    return deepspeed
+
+
+def _max_merge(a: dict, b: dict) -> dict:
+    """Per-category maximum of two held_bytes snapshots (ZeRO-3 steps its optimizer once per sub-group)."""
+    out = dict(b)
+    for k, v in a.items():
+        if isinstance(v, int) and isinstance(b.get(k), int):
+            out[k] = max(v, b[k])
+    return out
+
+
+def _plan(counter) -> dict:
+    """The counted step as JSON: per-op summary and the merged (op, bytes, calls, dtype) list."""
+    from collections import Counter
+
+    calls = Counter((r.op, r.bytes, r.dtype, r.group_size) for r in counter.records)
+    return {"summary": counter.summary(),
+            "calls": [{"op": op, "bytes": b, "dtype": dt, "group_size": n, "count": k}
+                      for (op, b, dt, n), k in sorted(calls.items())]}

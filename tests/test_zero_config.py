@@ -1,0 +1,105 @@
+"""ZeRO helpers that need no process group: config builder and files, layout model, communication expectations."""
+import json
+
+import pytest
+
+from coursekit.zero import comm, config, layout
+
+
+@pytest.mark.parametrize("name", sorted(config.STANDARD))
+def test_config_files_are_generated_from_build_config(name):
+    """configs/deepspeed/*.json has one source of truth: regenerate with `python -m coursekit.zero.config`."""
+    path = config.CONFIG_DIR / f"{name}.json"
+    assert json.loads(path.read_text()) == config.build_config(**config.STANDARD[name]), \
+        f"{path} is out of date: run python -m coursekit.zero.config configs/deepspeed"
+
+
+@pytest.mark.parametrize("name", sorted(config.STANDARD))
+def test_config_files_parse_with_deepspeed(name):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    cfg = config.build_config(**config.STANDARD[name])
+    ds = DeepSpeedConfig(config.finalize(cfg, micro_batch=4, grad_accum=1, world=1,  # no process group: world 1
+                                         dtype="bf16" if cfg["bf16"]["enabled"] else "fp32")[0])
+    assert ds.zero_optimization_stage == cfg["zero_optimization"]["stage"]
+    assert ds.gradient_clipping == 0.0  # DeepSpeed's default is 1.0: explicit, or ZeRO would not match DDP
+
+
+def test_finalize_writes_the_trainers_batch_and_makes_clipping_explicit():
+    cfg = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 16}
+    out, notes = config.finalize(cfg, micro_batch=2, grad_accum=2, world=2, dtype="fp32", stage=2)
+    assert out["train_micro_batch_size_per_gpu"] == 2 and out["train_batch_size"] == 8
+    assert out["gradient_clipping"] == 0.0 and out["bf16"] == {"enabled": False}
+    assert any("train_micro_batch_size_per_gpu: config 16 -> 2" in n for n in notes)
+    assert any("gradient_clipping" in n for n in notes)
+    assert cfg["train_micro_batch_size_per_gpu"] == 16  # the caller's dict is not modified
+
+
+@pytest.mark.parametrize("cfg,kw,needle", [
+    ({"zero_optimization": {"stage": 3}}, {"stage": 2}, "use --strategy zero3"),
+    ({"bf16": {"enabled": True}}, {}, "pass --dtype bf16"),
+    ({"fp16": {"enabled": True}}, {}, "fp16 is not supported"),
+    ({"zero_optimization": {"stage": 5}}, {}, "must be one of"),
+])
+def test_finalize_refuses_contradictions(cfg, kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        config.finalize(cfg, micro_batch=1, grad_accum=1, world=2, dtype="fp32", **kw)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(stage=4), "stage must be"),
+    (dict(stage=0, offload_optimizer="cpu"), "needs ZeRO stage 1, 2 or 3"),
+    (dict(stage=2, offload_param="cpu"), "needs ZeRO stage 3"),
+    (dict(stage=3, offload_param="nvme"), "needs nvme_path"),
+    (dict(stage=2, offload_optimizer="disk"), "must be one of"),
+])
+def test_build_config_validates(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        config.build_config(**kw)
+
+
+def test_offload_configs_choose_the_optimizer_explicitly():
+    assert config.build_config(2, offload_optimizer="cpu")["optimizer"]["type"] == "AdamW"  # DeepSpeedCPUAdam
+    torch_adam = config.build_config(2, offload_optimizer="cpu", ds_optimizer=False)
+    assert "optimizer" not in torch_adam and torch_adam["zero_force_ds_cpu_optimizer"] is False
+    assert "optimizer" not in config.build_config(2)  # the trainer's torch AdamW, as DDP
+
+
+def test_load_config_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        config.load_config(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{stage: 2")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        config.load_config(tmp_path / "bad.json")
+
+
+def test_partition_params_holds_straddling_parameters_on_both_sides():
+    # 3 tensors of 6, 6, 4 elements on 2 ranks: padded to 16 (multiple of 2N=4), 8 per rank; tensor 1 spans 6..12
+    assert layout.partition_params([6, 6, 4], 2, 0) == [0, 1]
+    assert layout.partition_params([6, 6, 4], 2, 1) == [1, 2]
+    b = [layout.deepspeed_bytes([6, 6, 4], stage=2, world=2, rank=r)["grads"] for r in (0, 1)]
+    assert b == [4 * 12, 4 * 10]  # > 4·16/2 on both ranks
+
+
+def test_layout_is_the_textbook_when_nothing_straddles():
+    numels, n = [64] * 4, 4  # every partition boundary falls between two tensors
+    psi = sum(numels)
+    z2 = layout.deepspeed_bytes(numels, stage=2, world=n, rank=1)
+    assert (z2["params"], z2["grads"], z2["master"], z2["optimizer"], z2["fp32_grads"]) == \
+        (4 * psi, 4 * psi // n, 4 * psi // n, 8 * psi // n, 4 * psi // n)
+    z3 = layout.deepspeed_bytes(numels, stage=3, world=n, rank=1, dtype="bf16")
+    assert (z3["params"], z3["grads"], z3["master"]) == (2 * psi // n, 2 * psi // n, 4 * psi // n)
+
+
+@pytest.mark.parametrize("stage,volume", [(0, 2), (1, 2), (2, 2), (3, 3)])
+def test_expected_collectives_are_the_papers_volume(stage, volume):
+    psi = 1000
+    per_op = comm.expected(stage, psi, 4, elem_bytes=2)
+    assert comm.paper_volume(per_op, psi, 2) == volume
+    if stage in (1, 2):  # DeepSpeed's default all-reduces the buckets: DDP's traffic plus the all-gather
+        assert comm.paper_volume(comm.expected(stage, psi, 4, multi_rank_allreduce=True), psi, 4) == 3
+
+
+def test_stage2_reduces_every_micro_batch_stage1_once():
+    assert comm.expected(1, 100, 2, micro_batches=4)["reduce"] == 400
+    assert comm.expected(2, 100, 2, micro_batches=4)["reduce"] == 4 * 400
