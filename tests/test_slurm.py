@@ -8,6 +8,7 @@ of the job, never on printed text, except where the text is the point (a requeue
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -296,18 +297,23 @@ def test_time_limit_warning_requeues_and_resumes(cluster, job_env, tmp_path):
 
 
 GRADER = textwrap.dedent("""
-    # Stand-in for `coursekit course grade SUBMISSION`: scores answer.txt, misbehaves on request.
-    import json, os, sys, time
-    sub = sys.argv[1]
-    answer = open(os.path.join(sub, "answer.txt")).read().strip()
+    # Stand-in for `coursekit course grade STUDENT --out DIR`: scores answer.txt, misbehaves on request.
+    import argparse, json, os, time
+    p = argparse.ArgumentParser()
+    p.add_argument("submission")
+    p.add_argument("--out", required=True)
+    p.add_argument("--lab")
+    args = p.parse_args()
+    answer = open(os.path.join(args.submission, "answer.txt")).read().strip()
     if answer == "hang":
         time.sleep(300)
     if answer == "crash":
-        sys.exit(5)
-    out = os.environ["COURSEKIT_RESULTS_DIR"]
-    with open(os.path.join(out, "grade.json"), "w") as f:
-        json.dump({"submission": os.path.basename(sub), "score": int(answer == "42"),
-                   "env_submission": os.environ["COURSEKIT_SUBMISSION"], "args": sys.argv[2:]}, f)
+        raise SystemExit(5)
+    os.makedirs(args.out)
+    with open(os.path.join(args.out, "grade.json"), "w") as f:
+        json.dump({"student": os.path.basename(args.submission), "score": int(answer == "42"), "lab": args.lab,
+                   "env_submission": os.environ["COURSEKIT_SUBMISSION"],
+                   "results_dir": os.environ["COURSEKIT_RESULTS_DIR"]}, f)
 """)
 
 
@@ -336,12 +342,39 @@ def test_grading_array_one_task_per_submission(cluster, job_env, tmp_path):
     assert status["alice"]["exit_code"] == 0 and status["dave"]["exit_code"] == 0
     assert status["bob"]["exit_code"] == 5
     assert status["carol"]["timed_out"] and status["carol"]["exit_code"] == 124
-    results = Path(job_env["COURSEKIT_RESULTS_DIR"])
     for name, score in (("alice", 1), ("dave", 0)):
-        g = json.loads((results / name / "grade.json").read_text())
-        assert g["score"] == score and g["args"] == ["--lab", "01"]
+        g = json.loads((grades / name / "grade.json").read_text())
+        assert g["score"] == score and g["lab"] == "01"
         assert g["env_submission"] == str(subs / name)
+        assert g["results_dir"] == str(Path(job_env["COURSEKIT_RESULTS_DIR"]) / name)
     # Slurm's own record: the grader's exit code becomes the task's
     states = {i: (t.state, t.exit_code) for i, t in tasks.items()}
     assert states == {0: ("COMPLETED", 0), 1: ("FAILED", 5), 2: ("FAILED", 124), 3: ("COMPLETED", 0),
                       4: ("COMPLETED", 0)}
+
+
+@pytest.mark.timeout(240)
+def test_grading_array_runs_the_course_grader(cluster, job_env, tmp_path):
+    # The real `coursekit course grade` on the course tests' toy lab: a right and a wrong submission, graded by two
+    # array tasks in parallel (re-check only, --no-nbgrader, to stay quick on two cores).
+    from test_course_toy import SOLUTIONS, make_course, submission, write_submission
+
+    course = make_course(tmp_path / "course")
+    subs = tmp_path / "submissions"
+    write_submission(subs, "alice", submission(course, square=SOLUTIONS["square"], hyp=SOLUTIONS["hyp"]))
+    write_submission(subs, "bob", submission(course))
+    env = {**job_env, "COURSEKIT_GRADE_CMD": f"coursekit course --root {course.root} grade"}
+    job = cluster.sbatch("slurm/grade-array.sbatch", str(subs), "--no-nbgrader",
+                         options=["--array=0-1", "--cpus-per-task=1", "--time=00:03:00"],
+                         output=tmp_path / "grade-%A_%a.out", env=env)
+    tasks = cluster.wait_array(job, timeout=200)
+    logs = {p.name: p.read_text() for p in tmp_path.glob("grade-*.out")}
+    assert {i: t.state for i, t in tasks.items()} == {0: "COMPLETED", 1: "COMPLETED"}, logs
+    grades = Path(job_env["COURSEKIT_RUN_DIR"]) / "grades"
+    rows = {}
+    for student in ("alice", "bob"):
+        with open(grades / student / "grades.csv", newline="") as f:
+            (row,) = list(csv.DictReader(f))
+        rows[row["student"]] = row
+    assert float(rows["alice"]["score"]) == float(rows["alice"]["max_score"]) > 0
+    assert float(rows["bob"]["score"]) == 0
