@@ -149,6 +149,7 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
         working = plain.layer_bytes - (acts.layer_bytes if c.recompute == "selective" else 0)
     P = PRECISIONS[c.precision][0]
     per_layer, first, last, tied = shape.local_params(c.tp)
+    t_layer, t_first, t_last = shape.local_tensors()
     tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
     base, extra = divmod(shape.layers, c.pp)
     stages = [0] if c.pp == 1 else [0, c.pp - 1]  # middle stages are dominated by stage 0
@@ -157,8 +158,10 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
         layers = base + (1 if i < extra else 0)
         is_first, is_last = i == 0, i == c.pp - 1
         params = layers * per_layer + (first if is_first else 0) + (last + tied_copy if is_last else 0)
+        tensors = layers * t_layer + (t_first if is_first else 0) + (t_last + bool(tied_copy) if is_last else 0)
         st = model_state_bytes(params, precision=c.precision, optimizer=c.optimizer, engine=c.engine, zero=c.zero,
-                               shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params)
+                               shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params,
+                               param_tensors=tensors)
         in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
         saved = in_flight * acts.stage_bytes(layers, is_first, is_last)
         logits = 0

@@ -45,6 +45,7 @@ class ParamTerm:
     per_layer: bool
     tp: str
     stage: str
+    tensors: int = 1  # how many parameter tensors the HF module holds for this term (optimizers keep per-tensor state)
 
 
 @dataclass(frozen=True)
@@ -125,23 +126,25 @@ class ModelShape:
         qkv_bias, mlp_bias = int(self.qkv_bias), int(self.mlp_bias)
         o_bias = int(self.qkv_bias)  # llama's attention_bias covers o_proj; gpt2's c_proj always has a bias
         n_in = 2 if self.mlp == "swiglu" else 1
+        nt = 2 if self.norm == "layernorm" else 1  # tensors per norm
+        fused = self.arch == "gpt2"  # GPT-2's c_attn holds q, k and v (and their biases) in one tensor each
         t = [ParamTerm("embedding", V * h, False, "shard", "first")]
         if self.positions == "learned":
             t.append(ParamTerm("position_embedding", self.max_positions * h, False, "replicate", "first"))
         t += [
-            ParamTerm("attn_norm", norm, True, "replicate", "layer"),
+            ParamTerm("attn_norm", norm, True, "replicate", "layer", nt),
             ParamTerm("q_proj", h * qw, True, "shard", "layer"),
-            ParamTerm("kv_proj", 2 * h * kw, True, "kv", "layer"),
+            ParamTerm("kv_proj", 2 * h * kw, True, "kv", "layer", 0 if fused else 2),
             ParamTerm("qkv_bias", qw * qkv_bias, True, "shard", "layer"),
-            ParamTerm("kv_bias", 2 * kw * qkv_bias, True, "kv", "layer"),
+            ParamTerm("kv_bias", 2 * kw * qkv_bias, True, "kv", "layer", 0 if fused else 2),
             ParamTerm("o_proj", qw * h, True, "shard", "layer"),
             ParamTerm("o_bias", h * o_bias, True, "replicate", "layer"),
-            ParamTerm("mlp_norm", norm, True, "replicate", "layer"),
-            ParamTerm("mlp_in_proj", n_in * h * f, True, "shard", "layer"),
-            ParamTerm("mlp_in_bias", n_in * f * mlp_bias, True, "shard", "layer"),
+            ParamTerm("mlp_norm", norm, True, "replicate", "layer", nt),
+            ParamTerm("mlp_in_proj", n_in * h * f, True, "shard", "layer", n_in),
+            ParamTerm("mlp_in_bias", n_in * f * mlp_bias, True, "shard", "layer", n_in),
             ParamTerm("mlp_out_proj", f * h, True, "shard", "layer"),
             ParamTerm("mlp_out_bias", h * mlp_bias, True, "replicate", "layer"),
-            ParamTerm("final_norm", norm, False, "replicate", "last"),
+            ParamTerm("final_norm", norm, False, "replicate", "last", nt),
         ]
         if not self.tied_embeddings:
             t.append(ParamTerm("lm_head", V * h, False, "shard", "last"))
@@ -153,6 +156,17 @@ class ModelShape:
 
     def num_params(self) -> int:
         return _num_params(self)
+
+    def num_param_tensors(self) -> int:
+        """How many parameter tensors the HF model has (``len(list(model.parameters()))``, tied weights once)."""
+        return sum(x.tensors * (self.layers if x.per_layer else 1) for x in self.param_terms())
+
+    def local_tensors(self) -> tuple[int, int, int]:
+        """Parameter tensors per layer, on the first stage only, on the last stage only."""
+        out = {"layer": 0, "first": 0, "last": 0}
+        for x in self.param_terms():
+            out[x.stage] += x.tensors
+        return out["layer"], out["first"], out["last"]
 
     def params_per_layer(self) -> int:
         return sum(x.count for x in self.param_terms() if x.per_layer)

@@ -48,6 +48,7 @@ PRECISION_TEXT = {
     "fp32": "fp32: fp32 params (own master) + grads + optimizer states",
 }
 OPTIMIZERS = {"adamw": 2, "adam": 2, "sgd": 1, "sgd-nomomentum": 0, "lion": 1}  # states per parameter
+STEP_COUNTER_OPTIMIZERS = ("adamw", "adam")  # torch keeps state["step"] as a 0-d fp32 tensor per parameter
 ENGINES = ("deepspeed", "fsdp2", "ddp")
 OFFLOAD = ("none", "cpu", "nvme")
 
@@ -74,10 +75,12 @@ class StateBytes:
 
 def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str = "adamw", engine: str = "deepspeed",
                       zero: int = 0, shard: int = 1, offload: str = "none",
-                      offload_params: str = "none") -> StateBytes:
+                      offload_params: str = "none", param_tensors: int = 0) -> StateBytes:
     """Model-state bytes on one rank holding ``params`` parameters (after TP/PP split), sharded over ``shard`` ranks.
 
     ``zero`` is DeepSpeed's stage (engine ``deepspeed``); ``fsdp2`` shards everything, ``ddp`` nothing.
+    ``param_tensors``: parameter tensors on this rank. torch's Adam/AdamW keep a 4-byte fp32 ``step`` counter per
+    tensor (engines ``ddp`` and ``fsdp2``, whose optimizers see every tensor; DeepSpeed steps flat partitions).
     """
     choice("precision", precision, PRECISIONS)
     choice("optimizer", optimizer, OPTIMIZERS)
@@ -101,10 +104,11 @@ def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str
     P, G, M, GC, S = PRECISIONS[precision]
     K = S * OPTIMIZERS[optimizer]
     N = shard
+    counters = 4 * param_tensors if optimizer in STEP_COUNTER_OPTIMIZERS and engine != "deepspeed" else 0
     if engine == "fsdp2":  # sharded params are the master copy; grads in their dtype
         store = M or P
-        shards = dict(param=store * params / N, grad=store * params / N, master=0.0, state=K * params / N,
-                      gc=GC * params / N)
+        shards = dict(param=store * params / N, grad=store * params / N, master=0.0,
+                      state=K * params / N + counters, gc=GC * params / N)
         step_copy, temps = 0.0, store * params / N
         cpu = nvme = 0.0
         if offload != "none" or offload_params != "none":  # CPUOffloadPolicy moves the whole sharded state
@@ -117,7 +121,8 @@ def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str
     if engine == "deepspeed":
         part = {"param": N if zero >= 3 else 1, "grad": N if zero >= 2 else 1, "opt": N if zero >= 1 else 1}
     shards = dict(param=P * params / part["param"], grad=G * params / part["grad"],
-                  master=M * params / part["opt"], state=K * params / part["opt"], gc=GC * params / part["opt"])
+                  master=M * params / part["opt"], state=K * params / part["opt"] + counters,
+                  gc=GC * params / part["opt"])
     # DeepSpeed materialises an fp32 copy of the gradient partition at the step (unless grads are fp32 already)
     step_copy = 4 * params / part["opt"] if engine == "deepspeed" and M and G != 4 and not GC else 0.0
     temps = (M or P) * params if engine == "ddp" else 0.0  # torch foreach AdamW temporaries; FusedAdam has none
