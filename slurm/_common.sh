@@ -36,7 +36,7 @@ export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 NPROC_PER_NODE=${COURSEKIT_NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
 NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 
-# Since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch: pass it on explicitly.
+# Slurm 22.05-23.02 srun does not inherit --cpus-per-task from sbatch: pass it on explicitly (harmless elsewhere).
 if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
   export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 fi

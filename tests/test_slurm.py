@@ -144,6 +144,19 @@ def test_two_idle_nodes_with_fake_gpus(cluster):
     assert all(_alive(p) for p in cluster.pids().values())
 
 
+def test_site_defaults_come_from_the_sbatch_environment(cluster, job_env):
+    # docs/clusters.md tells instructors to set SBATCH_PARTITION / SBATCH_ACCOUNT ... instead of editing scripts:
+    # those must win over the scripts' #SBATCH lines (sbatch --test-only validates without queueing anything).
+    def test_only(**env):
+        return subprocess.run(["sbatch", "--test-only", "slurm/torchrun-single-node.sbatch"], cwd=REPO,
+                              env={**job_env, **env}, capture_output=True, text=True, timeout=30)
+    assert test_only(SBATCH_PARTITION="debug").returncode == 0
+    bad = test_only(SBATCH_PARTITION="no-such-partition")
+    assert bad.returncode != 0 and "partition" in bad.stderr.lower(), bad.stderr
+    too_many = test_only(SBATCH_GPUS_PER_NODE="64")  # more GPUs than a node has: the env overrode the script's 4
+    assert too_many.returncode != 0, too_many.stderr
+
+
 @pytest.mark.timeout(120)
 def test_torchrun_single_node(cluster, job_env):
     job = cluster.sbatch("slurm/torchrun-single-node.sbatch", options=[GPUS, JOB_TIME], env=job_env)
