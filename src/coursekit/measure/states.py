@@ -44,7 +44,8 @@ def state_bytes(model: torch.nn.Module, optimizer=None) -> dict:
 
 
 class PeakMemory:
-    """Peak allocated bytes over a block: CUDA's allocator on GPU; on CPU torch's profiler memory tracker.
+    """Peak bytes allocated over a block, above what was live at its start: CUDA's allocator on GPU; on CPU the
+    profiler's record of every allocation and free (exact sizes as requested from the CPU allocator).
 
         with PeakMemory(device) as pm: ...
         pm.peak_bytes, pm.source
@@ -70,16 +71,17 @@ class PeakMemory:
     def __exit__(self, *exc):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._base
             self.source = "torch.cuda.max_memory_allocated"
         else:
             self._prof.__exit__(*exc)
-            # walk allocation events in order: running sum of live bytes allocated inside the block
-            events = sorted((e for e in self._prof.events() if e.name == "[memory]"),
-                            key=lambda e: e.time_range.start)
+            # walk the allocator's events in time order: running sum of bytes allocated (+) and freed (-) inside
+            # the block; tensors alive before it do not count, frees of them can take the sum below zero
+            events = sorted(((e.start_ns(), e.nbytes()) for e in self._prof.profiler.kineto_results.events()
+                             if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU))
             live = peak = 0
-            for e in events:
-                live += e.cpu_memory_usage
+            for _, nbytes in events:
+                live += nbytes
                 peak = max(peak, live)
             self.peak_bytes = peak
             self.source = "torch.profiler (CPU allocations inside the block)"
