@@ -30,21 +30,35 @@ def strip_hidden(source: str) -> str:
     return "\n".join(out).rstrip()
 
 
-def hidden_lines(lab: Lab) -> set[str]:
-    secret = set()
+def _region_lines(source: str, begin: str, end: str) -> tuple[list[str], list[str]]:
+    """(lines inside begin/end regions, lines outside), stripped."""
+    inside_lines, outside_lines, inside = [], [], False
+    for ln in source.split("\n"):
+        if begin in ln:
+            inside = True
+        elif end in ln:
+            inside = False
+        else:
+            (inside_lines if inside else outside_lines).append(ln.strip())
+    return inside_lines, outside_lines
+
+
+def secret_lines(lab: Lab, begin: str = HIDDEN_BEGIN, end: str = HIDDEN_END) -> set[str]:
+    """Lines of ``begin``/``end`` regions (hidden tests by default) that appear nowhere in the lab's visible text
+    and are long enough to be telling (``for x in y:`` shared with a visible test is no secret)."""
+    secret, visible = set(), set()
     for c in lab.cells:
-        if c.kind != "test":
-            continue
-        visible = {ln.strip() for ln in strip_hidden(c.source).split("\n")}
-        inside = False
-        for ln in c.source.split("\n"):
-            if HIDDEN_BEGIN in ln:
-                inside = True
-            elif HIDDEN_END in ln:
-                inside = False
-            elif inside and len(ln.strip()) >= _MIN_SECRET and ln.strip() not in visible:
-                secret.add(ln.strip())
-    return secret
+        inside, outside = _region_lines(c.source, begin, end)
+        secret |= {ln for ln in inside if len(ln) >= _MIN_SECRET}
+        visible |= set(outside)
+    if begin != HIDDEN_BEGIN:  # solution regions: hidden-test lines are not visible either
+        visible -= secret_lines(lab)
+    return secret - visible
+
+
+def hidden_lines(lab: Lab) -> set[str]:
+    """Lines of the lab's hidden tests that a student must never see."""
+    return secret_lines(lab)
 
 
 def _output_text(out) -> str:

@@ -98,7 +98,7 @@ def fingerprint(course: Course) -> str:
 
     h = hashlib.sha256()
     pkg = Path(coursekit.course.__file__).parent
-    files = sorted(pkg.rglob("*.py")) + [pkg.parent / "launch.py"] + sorted(course.solutions.rglob("*.py"))
+    files = sorted(pkg.rglob("*.py")) + sorted(course.solutions.rglob("*.py"))
     for f in files + [course.root / "nbgrader_config.py"]:
         if f.is_file():
             h.update(str(f).encode())
@@ -141,18 +141,21 @@ def worker_main() -> int:
         emit({"phase": "recheck", "result": RecheckResult(lab.name, tests, [f"not a readable notebook: {e}"]).to_dict()})
         emit({"phase": "done"})
         return 0
+    t0 = time.monotonic()
     rc = recheck(lab, submission, cwd=str(work / "student"), env=dict(os.environ), log_path=job["student_log"],
                  call_timeout=job.get("call_timeout"))
-    emit({"phase": "recheck", "result": rc.to_dict()})
+    emit({"phase": "recheck", "result": {**rc.to_dict(), "seconds": round(time.monotonic() - t0, 2)}})
     kill_descendants()
     if job["autograde"]:
         from coursekit.course.autograde import autograde
 
+        t0 = time.monotonic()
         try:
             ag = autograde(course, lab, Path(job["template"]), job["student"], Path(job["notebook"]),
                            work / "nbgrader")
         except Exception as e:  # noqa: BLE001 (nbgrader itself failed: the re-check still stands)
             ag = {"success": False, "error": f"{type(e).__name__}: {e}", "score": None, "notebook": None}
+        ag["seconds"] = round(time.monotonic() - t0, 2)
         kill_descendants()
         emit({"phase": "autograde", "result": ag})
     emit({"phase": "done"})

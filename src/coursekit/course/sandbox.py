@@ -67,7 +67,7 @@ def _serve(req_fd: int, resp_fd: int) -> None:
             try:
                 exec(compile(ast.Module([stmt], []), label, "exec"), ns)
             except BaseException as e:  # noqa: BLE001 (SystemExit too: the student's code must not end us)
-                errors.append(f"{label.strip('<>')}, line {stmt.lineno}: {type(e).__name__}: {e}")
+                errors.append(f"{label.strip('<>')}, line {stmt.lineno}: {type(e).__name__}: {e}".rstrip(": "))
     names = {}
     for name in hello["names"]:
         if name not in ns:
@@ -228,10 +228,6 @@ class StudentProcess:
                                kind=msg["kind"], traceback=msg.get("traceback", ""))
         return wire.decode(msg["value"])
 
-    def program(self) -> str:
-        """The student's code as one script (for running a student function under torchrun)."""
-        return "\n".join(f"# --- {label.strip('<>')}\n{src}" for label, src in self.chunks)
-
 
 class StudentFunction:
     """Stands for a function of the student's in the checks: calling it runs the student's code over there."""
@@ -243,8 +239,9 @@ class StudentFunction:
         return self._process.call(self.__name__, args, kwargs)
 
     @property
-    def program(self) -> str:
-        return self._process.program()
+    def chunks(self) -> list[tuple[str, str]]:
+        """The student's code, (label, source) per cell (``launch_function`` runs it under torchrun)."""
+        return list(self._process.chunks)
 
     def __repr__(self):
         return f"<student function {self.__name__}>"

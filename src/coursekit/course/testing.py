@@ -12,30 +12,42 @@ from __future__ import annotations
 import inspect
 import json
 
-HARNESS = '''
-# --- harness: coursekit.course.testing.launch_function
-if __name__ == "__main__":
-    import importlib as _importlib, json as _json
-    _module, _, _attr = {driver!r}.partition(":")
-    getattr(_importlib.import_module(_module), _attr)({fn}, **_json.loads({kwargs!r}))
-'''
+HARNESS = """\
+# Written by coursekit.course.testing.launch_function: define the student's code statement by statement (a failing
+# definition elsewhere in the notebook must not break this job), then hand the function to the driver.
+import ast, json, linecache, sys, importlib
+
+CHUNKS = json.loads({chunks!r})
+ns = {{"__name__": "__student__"}}
+for label, source in CHUNKS:
+    linecache.cache[label] = (len(source), None, source.splitlines(True), label)
+    for stmt in ast.parse(source).body:
+        try:
+            exec(compile(ast.Module([stmt], []), label, "exec"), ns)
+        except Exception as e:
+            print(f"[coursekit] skipped a failing definition ({{label}}, line {{stmt.lineno}}): "
+                  f"{{type(e).__name__}}: {{e}}", file=sys.stderr)
+module, _, attr = {driver!r}.partition(":")
+getattr(importlib.import_module(module), attr)(ns[{fn!r}], **json.loads({kwargs!r}))
+"""
 
 
-def program_of(fn) -> str:
-    """Source that defines ``fn`` and what it needs: the student's program in the re-check; in a notebook the
-    definitions of every cell run so far; else the source file of ``fn``'s module."""
+def chunks_of(fn) -> list[tuple[str, str]]:
+    """(label, source) pieces that define ``fn`` and what it needs: the student's program in the re-check; in a
+    notebook the definitions of every cell run so far; else the source file of ``fn``'s module."""
     from coursekit.course.program import definitions
 
-    if hasattr(fn, "program"):  # a StudentFunction
-        return fn.program
+    if hasattr(fn, "chunks"):  # a StudentFunction
+        return list(fn.chunks)
     try:
         ip = get_ipython()  # noqa: F821 (defined in IPython kernels only)
     except NameError:
         ip = None
     if ip is not None and getattr(fn, "__module__", None) == "__main__":
         cells = ip.user_ns.get("In", [])[1:]
-        return "\n".join(definitions(src, f"<In {i}>").source for i, src in enumerate(cells, 1))
-    return inspect.getsource(inspect.getmodule(fn))
+        return [(f"<In [{i}]>", definitions(src, f"<In [{i}]>").source) for i, src in enumerate(cells, 1)]
+    path = inspect.getsourcefile(fn)
+    return [(path, inspect.getsource(inspect.getmodule(fn)))]
 
 
 def launch_function(fn, driver: str, *, nproc: int = 2, timeout: float = 120, **kwargs) -> list:
@@ -50,7 +62,7 @@ def launch_function(fn, driver: str, *, nproc: int = 2, timeout: float = 120, **
     name = getattr(fn, "__name__", None)
     if not name or not name.isidentifier():
         raise TypeError(f"launch_function needs a named function, got {fn!r}")
-    script = program_of(fn) + HARNESS.format(driver=driver, fn=name, kwargs=json.dumps(kwargs))
+    script = HARNESS.format(chunks=json.dumps(chunks_of(fn)), driver=driver, fn=name, kwargs=json.dumps(kwargs))
     res = launch_code(script, nproc=nproc, timeout=timeout, stream=False)
     return res.results
 

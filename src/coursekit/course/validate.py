@@ -39,6 +39,9 @@ def validate(course: Course, labs: list[str] | None = None, *, nbgrader: bool = 
             say(f"{name}: grading the solution and the release{' (re-check and nbgrader)' if nbgrader else ''}")
             rows = {r.student: r for r in grade(course, subs, out, labs=[name], jobs=jobs, autograde=nbgrader,
                                                 progress=say)}
+            for who in ("solution", "release"):
+                if rows[who].status == "error":
+                    problems.append(f"{name}: grading the {who} failed: {rows[who].reason[:300]}")
             sol = json.loads((out / "results" / "solution" / f"{name}.json").read_text())
             rel = json.loads((out / "results" / "release" / f"{name}.json").read_text())
             for t in (sol["recheck"] or {}).get("tests", []):
