@@ -17,6 +17,7 @@ c.CourseDirectory.autograded_directory = "course/autograded"
 c.CourseDirectory.feedback_directory = "course/feedback"
 c.CourseDirectory.solution_directory = "course/solution"
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(_root, "course", "gradebook.db")
+os.makedirs(os.path.join(_root, "course"), exist_ok=True)  # sqlite does not create the folder of its file
 # Never copy a lab's source file (with its solutions and hidden tests) into the release or into a student's
 # autograded folder: nbgrader copies every non-notebook file of a source folder unless it is ignored here.
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py", ".gitignore"]
