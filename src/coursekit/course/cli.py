@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lab>/<lab>.ipynb")
     g.add_argument("submissions", help="folder of student folders (or one student's folder)")
-    g.add_argument("--out", required=True, help="output folder (grades.csv, exercises.csv, feedback/, ...)")
+    g.add_argument("--out", default=None, help="output folder (grades.csv, exercises.csv, feedback/, ...); default "
+                   "$COURSEKIT_RESULTS_DIR, which slurm/grade-array.sbatch sets per task")
     g.add_argument("--lab", action="append", help="only this lab (repeatable; default: every lab)")
     g.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: CPU count)")
     g.add_argument("--timeout", type=float, default=None,
@@ -40,8 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip nbgrader's in-kernel autograde (the re-check alone sets the score anyway)")
 
     r = sub.add_parser("report", help="score distribution per exercise as a figure")
-    r.add_argument("grades", help="output folder of `coursekit course grade`")
-    r.add_argument("--out", default=None, help="figure file (default: GRADES/score_distribution.png)")
+    r.add_argument("grades", nargs="+", help="output folder(s) of `coursekit course grade` (merged)")
+    r.add_argument("--out", default=None, help="figure file (default: score_distribution.png in the first folder)")
     return p
 
 
@@ -75,8 +76,13 @@ def main(argv=None) -> int:
         print("all labs valid" if not problems else f"{len(problems)} problem(s)")
         return 1 if problems else 0
     if args.cmd == "grade":
+        import os
+
         from coursekit.course.grading import grade
 
+        args.out = args.out or os.environ.get("COURSEKIT_RESULTS_DIR")
+        if not args.out:
+            raise ValueError("give --out DIR (or set COURSEKIT_RESULTS_DIR)")
         rows = grade(course, args.submissions, args.out, labs=args.lab, jobs=args.jobs,
                      autograde=not args.no_nbgrader, timeout=args.timeout, call_timeout=args.call_timeout,
                      progress=_say)
@@ -87,9 +93,9 @@ def main(argv=None) -> int:
     if args.cmd == "report":
         from coursekit.course.report import figure, load, table
 
-        data = load(args.grades)
+        data = load(*args.grades)
         print(table(data))
-        out = figure(data, args.out or Path(args.grades) / "score_distribution.png")
+        out = figure(data, args.out or Path(args.grades[0]) / "score_distribution.png")
         print(f"wrote {out}")
         return 0
     return 2

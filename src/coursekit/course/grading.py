@@ -265,10 +265,10 @@ class Batch:
     def _supervise(self, job: dict, lab) -> tuple[dict, str]:
         """Run one grader process within its limits; returns (messages by phase, why it was stopped or '')."""
         nonce = secrets.token_hex(16)
-        proc = subprocess.Popen([sys.executable, "-m", "coursekit.course.grading", "worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                text=True, errors="replace")
-        with self.lock:
+        with self.lock:  # registered before another thread's orphan sweep can see it
+            proc = subprocess.Popen([sys.executable, "-m", "coursekit.course.grading", "worker"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True, text=True, errors="replace")
             self.live.add(proc.pid)
         q: queue.Queue = queue.Queue()
 

@@ -10,15 +10,20 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def load(grades_dir: str | Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """``{lab: {exercise: [(points, max_points) per student]}}`` in file order."""
-    path = Path(grades_dir) / "exercises.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"no {path}: run `coursekit course grade ... --out {grades_dir}` first")
+def load(*grades_dirs: str | Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """``{lab: {exercise: [(points, max_points) per student]}}`` from one or more grading runs (e.g. one per Slurm
+    array task), in file order; a student graded in several runs counts once (the last run wins)."""
+    rows: dict = {}
+    for d in grades_dirs:
+        path = Path(d) / "exercises.csv"
+        if not path.is_file():
+            raise FileNotFoundError(f"no {path}: run `coursekit course grade ... --out {d}` first")
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                rows[(r["student"], r["lab"], r["exercise"])] = (float(r["points"]), float(r["max_points"]))
     data: dict = defaultdict(lambda: defaultdict(list))
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            data[r["lab"]][r["exercise"]].append((float(r["points"]), float(r["max_points"])))
+    for (_, lab, ex), score in rows.items():
+        data[lab][ex].append(score)
     return data
 
 

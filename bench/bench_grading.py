@@ -1,0 +1,104 @@
+"""Grading speed of Lab 1: seconds for one submission, and submissions per minute for a batch.
+
+    python bench/bench_grading.py                      # one submission, then a batch of 4 with 2 graders at once
+    python bench/bench_grading.py --students 6 --jobs 1,2 --json
+
+Every submission is graded as ``coursekit course grade`` grades it: the independent re-check (the lab's visible and
+hidden tests against the student's functions in a separate process; Lab 1 launches a 4-process benchmark and two
+torchrun jobs there) and nbgrader's in-kernel autograde (which runs the whole notebook again, launches included).
+``--no-nbgrader`` measures the re-check alone (the score is the same; there is no executed notebook in the feedback).
+The batch mixes the instructor's solution, a partial submission and the released lab, as a class hands in.
+Figures depend on the machine's load: the load average is printed before and after.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+from coursekit.course.authoring import read_lab, write_notebook
+from coursekit.course.config import Course
+from coursekit.course.grading import grade
+
+LAB = "lab1_memory"
+
+
+def submissions(course: Course, root: Path, n: int) -> Path:
+    """``n`` students: solutions, a partial one (first half of the exercises) and the release, in turn."""
+    lab = read_lab(course, LAB)
+    release = nbformat.read(course.release_path(LAB), as_version=4)
+    half = {gid for ex in lab.exercises[: len(lab.exercises) // 2] for gid in ex.solution_ids}
+    partial = nbformat.from_dict(release)
+    for cell in partial.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in half:
+            cell.source = lab.cell(gid).source
+    kinds = [("solution", lab.notebook), ("partial", partial), ("solution", lab.notebook), ("release", release)]
+    for i in range(n):
+        kind, nb = kinds[i % len(kinds)]
+        write_notebook(nb, root / f"student{i:02d}-{kind}" / LAB / f"{LAB}.ipynb")
+    return root
+
+
+def run(course: Course, subs: Path, out: Path, jobs: int, autograde: bool) -> dict:
+    t0 = time.monotonic()
+    rows = grade(course, subs, out, labs=[LAB], jobs=jobs, autograde=autograde)
+    wall = time.monotonic() - t0
+    graded = [r for r in rows if r.status != "missing"]
+    phases = []
+    for r in graded:
+        res = json.loads((out / "results" / r.student / f"{LAB}.json").read_text())
+        phases.append({"student": r.student, "score": r.score, "seconds": r.seconds,
+                       "recheck_s": (res.get("recheck") or {}).get("seconds"),
+                       "autograde_s": (res.get("autograde") or {}).get("seconds")})
+    return {"jobs": jobs, "submissions": len(graded), "wall_s": round(wall, 1),
+            "per_minute": round(60 * len(graded) / wall, 2), "rows": phases}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--students", type=int, default=4, help="submissions in the batch")
+    p.add_argument("--jobs", default="2", help="comma list of graders at once for the batch (e.g. 1,2)")
+    p.add_argument("--no-nbgrader", action="store_true", help="re-check only")
+    p.add_argument("--skip-single", action="store_true", help="no single-submission measurement")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+    os.environ.setdefault("COURSEKIT_DEVICE", "cpu")
+    course = Course(Path(__file__).resolve().parents[1])
+    autograde = not args.no_nbgrader
+    report = {"cpus": os.cpu_count(), "python": platform.python_version(), "nbgrader": autograde,
+              "load_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        tmp = Path(tmp)
+        if not args.skip_single:
+            single = submissions(course, tmp / "one", 1)
+            report["single"] = run(course, single, tmp / "out-one", 1, autograde)
+        subs = submissions(course, tmp / "batch", args.students)
+        report["batch"] = [run(course, subs, tmp / f"out-{j}", int(j), autograde) for j in args.jobs.split(",")]
+    report["load_after"] = os.getloadavg()
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    mode = "re-check + nbgrader autograde" if autograde else "re-check only"
+    print(f"Lab 1 grading ({mode}), {report['cpus']} CPUs, load average before {report['load_before'][0]:.1f}, "
+          f"after {report['load_after'][0]:.1f}")
+    if "single" in report:
+        s = report["single"]
+        r = s["rows"][0]
+        print(f"  one submission: {r['seconds']:.1f} s in its grader (re-check {r['recheck_s']} s, nbgrader "
+              f"{r['autograde_s']} s); {s['wall_s']:.1f} s for the whole command (with nbgrader's template)")
+    for b in report["batch"]:
+        print(f"  batch of {b['submissions']} with {b['jobs']} grader(s) at once: {b['wall_s']:.1f} s, "
+              f"{b['per_minute']:.2f} submissions per minute")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
