@@ -233,17 +233,36 @@ def test_a_dying_rank_ends_the_job_instead_of_hanging(cluster, job_env):
     assert time.monotonic() - t0 < 45
 
 
-@pytest.mark.timeout(150)
+def _has_strategy(name: str) -> bool:
+    try:
+        from coursekit import strategies
+        return name in strategies.names()
+    except Exception:  # the library is not importable: the check job still tests the launcher
+        return False
+
+
+@pytest.mark.timeout(200)
 def test_deepspeed_launcher(cluster, job_env):
-    job = cluster.sbatch("slurm/deepspeed.sbatch", options=["--nodes=2", GPUS, JOB_TIME], env=job_env)
-    res = cluster.wait(job, timeout=130)
+    # One DeepSpeed launcher per node (srun, --no_ssh, hostfile from the allocation). With the trainer's ZeRO
+    # strategies present it trains ZeRO-2 across the two nodes; otherwise it runs the check job.
+    zero = _has_strategy("zero2")
+    program = (["-m", "coursekit.train", "--strategy", "zero2", "--ds-config", "configs/deepspeed/zero2.json",
+                "--model", "tiny-llama", "--micro-batch", "4", "--seq", "64", "--steps", "3", "--seed", "0",
+                "--quiet"] if zero else [])
+    job = cluster.sbatch("slurm/deepspeed.sbatch", *program, options=["--nodes=2", "--gpus-per-node=1", JOB_TIME],
+                         env=job_env)
+    res = cluster.wait(job, timeout=180)
     _ok(res)
     recs = _results(job_env)
-    # the DeepSpeed launcher exports torchrun-style variables
-    assert [r["rank"] for r in recs] == [0, 1, 2, 3]
-    assert all(r["world_size"] == 4 and r["allreduce"] == 10 and r["local_rank"] == r["rank"] % 2 for r in recs)
+    assert [r["rank"] for r in recs] == [0, 1]  # the launcher exports torchrun-style RANK / WORLD_SIZE
+    if zero:
+        assert all(r["final"]["strategy"] == "zero2" and r["final"]["world_size"] == 2 for r in recs)
+        losses = [[s["loss"] for s in r["steps"]] for r in recs]
+        assert len(losses[0]) == 3 and losses[0] == losses[1]
+    else:
+        assert all(r["world_size"] == 2 and r["allreduce"] == 3 for r in recs)
     hostfile = Path(job_env["COURSEKIT_RUN_DIR"]) / "hostfile"
-    assert hostfile.read_text().split("\n")[:2] == ["node1 slots=2", "node2 slots=2"]
+    assert hostfile.read_text().split("\n")[:2] == ["node1 slots=1", "node2 slots=1"]
 
 
 def _train_args(ckpt: Path, steps: int, save_every: int, *extra: str) -> list[str]:
