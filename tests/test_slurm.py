@@ -291,6 +291,21 @@ def test_failed_job_is_requeued_and_resumes(cluster, job_env, tmp_path):
 
 
 @pytest.mark.timeout(180)
+def test_failed_workers_restart_inside_the_job(cluster, job_env, tmp_path):
+    # The same crash with the script's default in-job restarts: torchrun restarts the workers on both nodes
+    # (elastic), they resume from the step-2 checkpoint, and Slurm never has to requeue the job.
+    ckpt = tmp_path / "ckpt"
+    job = cluster.sbatch("slurm/requeue.sbatch", *_train_args(ckpt, 6, 2, "--crash-at-step", "3"),
+                         options=["--nodes=2", "--gpus-per-node=1", JOB_TIME], env=job_env)
+    res = cluster.wait(job, timeout=160)
+    _ok(res)
+    assert res.restarts == 0, res
+    for r in _results(job_env):
+        assert r["final"]["resumed_from_step"] == 2
+        assert [s["step"] for s in r["steps"]] == [2, 3, 4, 5]
+
+
+@pytest.mark.timeout(180)
 def test_time_limit_warning_requeues_and_resumes(cluster, job_env, tmp_path):
     # What --signal=B:USR1@T does before the time limit, sent by hand once a checkpoint exists: the batch shell
     # requeues the job, and the next attempt resumes from the latest checkpoint instead of step 0. Slurm's own
