@@ -42,18 +42,22 @@ cmd_install() {
   log "installing slurm and munge from Debian (apt)"
   # Keep the packages' maintainer scripts from starting system daemons we would not own: policy-rc.d exit 101
   # means "do not start services". Only added when absent, and removed again.
-  local policy=/usr/sbin/policy-rc.d added_policy=0
+  local policy=/usr/sbin/policy-rc.d
   if [[ ! -e $policy ]]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added_policy=1
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT  # whatever happens below
   fi
   export DEBIAN_FRONTEND=noninteractive
-  # An empty package list (fresh machine) makes install fail: update first then.
+  # An empty package list (fresh machine) makes install fail: update first then. A stale one (versions gone from
+  # the mirror after a security update) fails the download: update and try once more.
   if ! apt-cache show slurmd >/dev/null 2>&1; then
     apt-get update -qq
   fi
-  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null \
-    || { ((added_policy)) && rm -f "$policy"; die "apt-get install slurmctld slurmd slurm-client munge failed"; }
-  ((added_policy)) && rm -f "$policy"
+  local pkgs=(slurmctld slurmd slurm-client munge)
+  if ! apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null || die "apt-get install ${pkgs[*]} failed"
+  fi
   have_binaries || die "slurm/munge binaries still missing after install"
 }
 
