@@ -4,9 +4,9 @@ Phases (the three moments a step's memory peaks), per pipeline stage (the first 
 most in-flight micro-batches, the last holds the head and the loss; the worst one is reported):
 
 - ``start_of_backward``: model states + saved activations of every in-flight micro-batch + loss temporaries (the
-  logits HF returns, in the activation dtype, and the two fp32 ``b·s·V`` gradient buffers of log-softmax's backward)
+  two fp32 ``b·s·V`` gradient buffers of log-softmax's backward; the logits themselves are freed after the loss)
   + the unsharded FSDP/ZeRO-3 units in use + backward communication buffers + the recompute working set (one layer's
-  activations under full recompute). Gradients are already present when a step accumulates over several
+  activations under full recompute, which never coexist with the loss buffers: the larger counts). Gradients are already present when a step accumulates over several
   micro-batches.
 - ``end_of_backward``: model states with all gradients, communication buffers, the last unsharded unit.
 - ``optimizer_step``: model states + DeepSpeed's fp32 gradient partition + optimizer temporaries + all-gather bucket.
@@ -167,7 +167,9 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
         logits = 0
         if is_last:
             v_loc = shape.vocab // c.tp if c.impl == "fused" and shape.vocab % c.tp == 0 else shape.vocab
-            logits = (DTYPE_BYTES[c.dtype] + 8) * c.batch * (c.seq // c.cp) * v_loc
+            # the two fp32 b·s·V buffers of log-softmax's backward; the activation-dtype logits HF returns are
+            # already freed by a trainer that keeps only ``.loss`` (coursekit.train, HF Trainer) — measured
+            logits = 8 * c.batch * (c.seq // c.cp) * v_loc
         units = _units(c, P, layers, per_layer, first if is_first else 0, (last + tied_copy) if is_last else 0)
         comm_bwd, comm_step = _buckets(c, P, params, units["largest"])
         cats = {"parameters": st.parameters, "gradients": st.gradients, "master_weights": st.master_weights,
@@ -178,7 +180,8 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
         states = st.parameters + st.master_weights + st.optimizer_states + st.grad_copy + c.runtime_bytes
         grads_early = st.gradients if c.microbatches > 1 else 0
         phases = {
-            "start_of_backward": states + grads_early + saved + logits + units["start"] + comm_bwd + working,
+            # the loss buffers are gone before backward recomputes the last block: they never coexist
+            "start_of_backward": states + grads_early + saved + max(logits, working) + units["start"] + comm_bwd,
             "end_of_backward": states + st.gradients + units["end"] + comm_bwd,
             "optimizer_step": states + st.gradients + st.step_grad_copy + st.step_temporaries + comm_step,
         }
