@@ -330,15 +330,6 @@ def memory_case(device, model, b, s, attention, recompute, *, amp: bool = False)
     row["phases"] = {k: {"measured": measured[k], "predicted": predicted[k], "error": _rel(predicted[k], measured[k])}
                      for k in measured}
     row["phases"]["end_of_backward"]["late_backward_peak"] = late_peak
-    # A proposed calculator fix (see docs/gpu-check.md): the loop drops HF's returned logits before backward, and the
-    # loss buffers are freed before the last layer is recomputed, so start_of_backward takes 8·b·s·V fp32 loss
-    # gradients and the recompute working set as a max, not (P + 8)·b·s·V plus the working set.
-    states = c["parameters"] + c["master_weights"] + c["optimizer_states"] + c["grad_copy"] + c["runtime"]
-    sob_fix = states + c["saved_activations"] + max(8 * b * s * shape.vocab, c["recompute_working"])
-    peak_fix = max(sob_fix, e.phases["end_of_backward"], e.phases["optimizer_step"])
-    row["proposed_fix"] = {"start_of_backward": sob_fix, "peak": peak_fix,
-                           "start_of_backward_error": _rel(sob_fix, measured["start_of_backward"]),
-                           "peak_error": _rel(peak_fix, measured["peak"])}
     row["probe"] = {"source": "torch.cuda.memory_allocated / max_memory_allocated" if device.type == "cuda" else
                     "torch.profiler memory events (running sum) + stated baseline",
                     "start_bytes": r["start_bytes"], "inputs_bytes": io_bytes, "raw": ph,
@@ -349,7 +340,6 @@ def memory_case(device, model, b, s, attention, recompute, *, amp: bool = False)
                             for k in ("parameters", "gradients", "master_weights", "optimizer_states")),
         "activations_1pct": abs(row["terms"]["saved_activations"]["error"]) <= GOALS["activations_rel"],
         "peak_5pct": abs(row["phases"]["peak"]["error"]) <= GOALS["peak_rel"],
-        "peak_5pct_with_fix": abs(row["proposed_fix"]["peak_error"]) <= GOALS["peak_rel"],
     }
     row["loss"] = r["loss"]
     del m, opt, params, ids, labels
@@ -600,7 +590,7 @@ def goals(res: dict) -> dict:
     g = {"flops_1pct": every(fl, lambda r: r.get("ok", False)),
          "states_exact": every(mem, lambda r: ok(r, "states_exact")),
          "activations_1pct": every(mem, lambda r: ok(r, "activations_1pct")),
-         "peak_5pct": count("peak_5pct"), "peak_5pct_with_proposed_fix": count("peak_5pct_with_fix")}
+         "peak_5pct": count("peak_5pct")}
     best = (res.get("mfu") or {}).get("best_mfu_table")
     g["mfu_45pct"] = None if best is None else best >= GOALS["mfu"]
     return g
@@ -627,7 +617,7 @@ def table(res: dict) -> str:
         L.append(tag + (f" formula {r['formula']:.4g} counted {r['counted']:.4g} err {_pct(r['error'])}"
                         if "counted" in r else f" ERROR {r.get('error_text', '')[:80]}"))
     L.append("Memory (err = predicted/measured - 1): states | saved acts | start bwd | end bwd | opt step | peak "
-             "| peak w/ fix | measured peak")
+             "| measured peak")
     for r in _rows(res, "memory"):
         tag = f"  {r['model']:<12} b{r['batch']:<2} s{r['seq']:<5} {r['attention']:<5} rc={r['recompute']:<4}"
         if "phases" not in r:
@@ -637,7 +627,7 @@ def table(res: dict) -> str:
         p = r["phases"]
         L.append(tag + f" {st} {_pct(r['terms']['saved_activations']['error'])} {_pct(p['start_of_backward']['error'])}"
                  f" {_pct(p['end_of_backward']['error'])} {_pct(p['optimizer_step']['error'])}"
-                 f" {_pct(p['peak']['error'])} {_pct(r['proposed_fix']['peak_error'])}"
+                 f" {_pct(p['peak']['error'])}"
                  f" {p['peak']['measured'] / GiB:7.3f} GiB" + ("" if r["modelled"] else "  (autocast: not modelled)"))
     m = res.get("mfu") or {}
     if "variants" in m:

@@ -107,9 +107,7 @@ def test_memory_terms(cpu_run):
         # the step holds the fp32 gradient copy (4 bytes per parameter) on top
         step_extra = r["phases"]["optimizer_step"]["measured"] - r["phases"]["end_of_backward"]["measured"]
         assert step_extra >= 4 * r["num_params"]
-        assert r["goals"]["peak_5pct_with_fix"], r["proposed_fix"]
-        if r["recompute"] == "none":  # as the calculator stands (recompute rows: see docs/gpu-check.md)
-            assert r["goals"]["peak_5pct"], r["phases"]["peak"]
+        assert r["goals"]["peak_5pct"], r["phases"]["peak"]
     amp = [r for r in cpu_run[0]["memory"] if not r["modelled"]]
     assert len(amp) == 1 and "phases" in amp[0]  # the trainer's autocast, measured but not modelled
 
