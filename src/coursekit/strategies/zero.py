@@ -166,13 +166,22 @@ class ZeRO(Strategy):
         ab = self._snapshots.get("after_backward", {})
         st = self._snapshots.get("at_step") or ab
         lg = self._snapshots.get("last_gradient") or ab
+        tiers = {}  # the same moments per category, split by where DeepSpeed keeps them
+        for snap, cats in ((ab, ("params", "grads", "buffers")), (st, ("master", "optimizer", "fp32_grads"))):
+            for tier, per_cat in snap.get("tiers", {}).items():
+                for c in cats:
+                    if per_cat.get(c):
+                        tiers.setdefault(tier, {})[c] = per_cat[c]
         return {
             "params_bytes": ab.get("params", 0), "grads_bytes": ab.get("grads", 0),
             "grads_peak_bytes": max(lg.get("grads", 0), ab.get("grads", 0)),
             "master_bytes": st.get("master", 0), "optimizer_bytes": st.get("optimizer", 0),
             "fp32_grads_bytes": st.get("fp32_grads", 0), "buffers_bytes": ab.get("buffers", 0),
             "scalars_bytes": st.get("scalars", 0), "other_bytes": max(ab.get("other", 0), st.get("other", 0)),
-            "nvme_bytes": st.get("nvme", 0), "num_params": num_params(self.engine), "zero_stage": self.stage_run,
+            "nvme_bytes": st.get("nvme", 0), "tiers": tiers,
+            "accelerator_bytes": sum(tiers.get("accelerator", {}).values()),
+            "cpu_bytes": sum(tiers.get("cpu", {}).values()),
+            "num_params": num_params(self.engine), "zero_stage": self.stage_run,
             "offload": offload_devices(self.ds_config), "zero_held": self._snapshots,
             "collectives": self.collectives, "ds_config": self.ds_config, "ds_config_path": self.config_path,
         }

@@ -44,7 +44,7 @@ _RULES = [
     (r"\.grad$", "grads"),
     (_MASTER, "master"),
     (r"^param(\.ds_tensor)?$", "params"),
-    (r"(bit16_groups_flat|fp16_partitioned_groups_flat|fp16_groups|bit16_groups|params_in_partition|param_dict)",
+    (r"(bit16_groups_flat|fp16_partitioned_groups|fp16_groups|bit16_groups|params_in_partition|param_dict)",
      "params"),
     (r"(grads_in_partition|averaged_gradients|grad_partitions_flat_buffer|all_grad_tensors|accumulated_grads_in_cpu"
      r"|non_expert_gradients|fp32_groups_gradient)", "grads"),
@@ -52,8 +52,13 @@ _RULES = [
     (r"(ipg_buckets|temp_grad_buffer|param_buffer_of_bit16|pin_buffer|_muon_allgather_buffers|swap_buffer)",
      "buffers"),
 ]
-# structures DeepSpeed moves to the host when offloading, per flag
+# owners walked before the rest, so a gradient that is a view into a bucket is charged to the bucket
+_FIRST = ("ipg_buckets", "bit16_groups_flat", "fp16_partitioned_groups_flat", "single_partition_of_fp32_groups",
+          "fp32_partitioned_groups_flat", "grads_in_partition", "grad_partitions_flat_buffer")
+# structures DeepSpeed keeps on the host when it offloads the optimizer: the partitioned optimizer categories and
+# the host-side staging buffers of ZeRO-1/2 offload (a bf16/fp32 copy of the partition, a one-parameter grad buffer)
 _OFFLOAD_OPT = {"master", "optimizer", "fp32_grads"}
+_HOST_BUFFERS = r"(param_buffer_of_bit16_for_cpu_offload|temp_grad_buffer_for_cpu_offload|accumulated_grads_in_cpu)"
 
 
 def _classify(path: str, t: torch.Tensor) -> str:
@@ -98,15 +103,13 @@ def _inner_optimizer(engine):
     return getattr(opt, "optimizer", opt)
 
 
-def _host_categories(engine) -> set:
-    """Categories DeepSpeed keeps on the host for this engine (its offload flags)."""
+def _on_host(engine, cat: str, path: str) -> bool:
+    """On a CPU-only machine: does DeepSpeed's offload decision put this structure on the host?"""
     opt = engine.optimizer
-    host = set()
     if getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False):
-        host |= _OFFLOAD_OPT
-    if getattr(opt, "offload_param", False):
-        host.add("params")
-    return host
+        if cat in _OFFLOAD_OPT or re.search(_HOST_BUFFERS, path):
+            return True
+    return cat == "params" and bool(getattr(opt, "offload_param", False))
 
 
 def held_tensors(engine) -> list[tuple[str, str, torch.Tensor]]:
@@ -114,9 +117,10 @@ def held_tensors(engine) -> list[tuple[str, str, torch.Tensor]]:
     found: list = []
     opt, inner = engine.optimizer, _inner_optimizer(engine)
     if opt is not None and opt is not inner:  # the ZeRO wrapper first: its names say what a storage is for
-        for k, v in vars(opt).items():
+        attrs = vars(opt)
+        for k in [k for k in _FIRST if k in attrs] + [k for k in attrs if k not in _FIRST]:
             if k not in ("optimizer", "module", "param_names"):
-                _walk(v, f"opt.{k}", found)
+                _walk(attrs[k], f"opt.{k}", found)
     for p in engine.module.parameters():
         _walk(p, "param", found)
         if hasattr(p, "ds_tensor"):
@@ -140,7 +144,6 @@ def held_tensors(engine) -> list[tuple[str, str, torch.Tensor]]:
 
 def held_bytes(engine, *, nvme_dir: str | None = None, rank: int | None = None) -> dict:
     """Bytes by category, by tier (accelerator / cpu) and on NVMe, with the paths of anything unclassified."""
-    host = _host_categories(engine)
     cpu_accel = _accelerator_is_cpu()
     by_cat: dict = defaultdict(int)
     by_tier: dict = defaultdict(lambda: defaultdict(int))
@@ -148,7 +151,7 @@ def held_bytes(engine, *, nvme_dir: str | None = None, rank: int | None = None) 
     for cat, path, t in held_tensors(engine):
         n = t.untyped_storage().nbytes()
         by_cat[cat] += n
-        on_host = (cat in host) if cpu_accel else t.device.type == "cpu"
+        on_host = _on_host(engine, cat, path) if cpu_accel else t.device.type == "cpu"
         by_tier["cpu" if on_host else "accelerator"][cat] += n
         if cat == "other":
             other.append(f"{path} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}")

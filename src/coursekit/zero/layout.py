@@ -40,14 +40,22 @@ def _padded(total: int, world: int) -> int:
 
 def deepspeed_bytes(numels: list[int], *, stage: int, world: int, rank: int, dtype: str = "fp32",
                     reduce_bucket_size: int = 500_000, offload_optimizer: str = "none",
-                    offload_param: str = "none") -> dict:
-    """{category: bytes} on ``rank`` for a DeepSpeed engine with a client AdamW (two fp32 moments), as measured by
-    ``coursekit.strategies.zero`` (params/grads/buffers at the end of backward, the rest inside the step).
+                    offload_param: str = "none", micro_batches: int = 1) -> dict:
+    """{category: bytes} on ``rank`` for a DeepSpeed engine with an Adam-type optimizer (two fp32 moments), as
+    measured by ``coursekit.strategies.zero`` (params/grads/buffers at the end of backward, the rest inside the
+    step), plus ``tiers``: the same bytes split into "accelerator" and "cpu" (what offload moves).
+
     ``grads_peak`` is the gradient bytes when the last gradient arrives (stages 0-1; None where it depends on
-    bucket timing). ``tiers`` says which categories DeepSpeed keeps on the host."""
+    bucket timing); ``scalars`` is None under offload (per-parameter norms DeepSpeed keeps as 1-element tensors).
+    CPU offload (stages 1-2) adds staging buffers: a partition-sized working-precision copy on the host and one
+    largest-parameter gradient buffer on each side; with several micro-batches the gradients of the parameters
+    overlapping the partition accumulate on the host (``accumulated_grads_in_cpu``), whole, between micro-batches.
+    NVMe offload is not modelled here (see ``held.nvme_bytes``).
+    """
     b = ELEM[dtype]
     psi = sum(numels)
     out = dict(params=0, grads=0, fp32_grads=0, master=0, optimizer=0, buffers=0, scalars=0, grads_peak=None)
+    host_buffers = 0
     if stage == 0:
         out |= dict(params=b * psi, grads=b * psi, optimizer=8 * psi, grads_peak=b * psi)
         if dtype == "fp32":
@@ -60,18 +68,32 @@ def deepspeed_bytes(numels: list[int], *, stage: int, world: int, rank: int, dty
         out |= dict(params=b * _padded(psi, world), grads=b * sum(numels[i] for i in mine), master=4 * part,
                     optimizer=8 * part, fp32_grads=4 * part, scalars=8)  # step + grad norm (fp32)
         out["grads_peak"] = b * psi if stage == 1 else None
+        if offload_optimizer != "none":  # gradients stream into the host's fp32 partition during backward
+            host_buffers = b * (part + max(numels))
+            accumulated = b * sum(numels[i] for i in mine) if micro_batches > 1 else 0
+            out |= dict(grads=accumulated, buffers=host_buffers + b * max(numels), scalars=None)
+            out["grads_peak"] = b * psi if stage == 1 else accumulated
     elif stage == 3:
         part = sum(math.ceil(n / world) for n in numels)
         out |= dict(params=b * part, grads=b * part, master=4 * part, optimizer=8 * part, fp32_grads=4 * part,
                     buffers=b * reduce_bucket_size, scalars=13)  # step 4 + grad norm fp64 8 + overflow flag 1
+        out["grads_peak"] = b * part
+        if offload_optimizer != "none" or offload_param != "none":
+            out["scalars"] = None
     else:
         raise ValueError(f"ZeRO stage must be 0-3, got {stage!r}")
     host = set()
     if offload_optimizer != "none":
-        host |= {"master", "optimizer", "fp32_grads"}
+        host |= {"master", "optimizer", "fp32_grads"} | ({"grads"} if stage in (1, 2) else set())
     if offload_param != "none":
         host.add("params")
-    out["host"] = sorted(host)
+    cats = ("params", "grads", "fp32_grads", "master", "optimizer", "buffers")
+    out["tiers"] = {"cpu": {c: out[c] for c in cats if c in host and out[c]},
+                    "accelerator": {c: out[c] for c in cats if c not in host and out[c]}}
+    if host_buffers:
+        out["tiers"]["cpu"]["buffers"] = host_buffers
+        out["tiers"]["accelerator"]["buffers"] = out["buffers"] - host_buffers
+    out["tiers"] = {k: v for k, v in out["tiers"].items() if v}
     return out
 
 

@@ -1,0 +1,227 @@
+"""ZeRO 0-3 through DeepSpeed in the reference trainer: equal to DDP, bytes as predicted, collectives as modelled.
+
+Runs (module-scoped, shared by the tests): DDP and ZeRO 0-3 on 2 ranks in fp32 with 2 micro-batches per step (so
+DeepSpeed's gradient accumulation is exercised), ZeRO 1-3 on 4 ranks in bf16, and ZeRO-2 / ZeRO-3 with CPU offload.
+Every rank is checked. About 10 launches: ~3 minutes on 2 idle cores.
+"""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from coursekit.launch import launch
+from coursekit.zero import comm, layout
+from coursekit.zero.config import CONFIG_DIR, build_config, save_config
+
+STEPS = 4  # ZeRO-3 settles from the third step (its parameter trace); the last step is measured and counted
+COMMON = ["--model", "tiny-llama", "--steps", str(STEPS), "--seq", "32", "--global-batch", "8", "--quiet",
+          "--seed", "3"]
+# name -> (stage, nproc, dtype, grad_accum, config): config None = configs/deepspeed/zero<stage>.json through
+# --strategy zero<stage>; a dict = build_config keywords, written to a JSON and run through --strategy deepspeed.
+RUNS = {
+    "zero0-2-fp32": (0, 2, "fp32", 2, None),
+    "zero1-2-fp32": (1, 2, "fp32", 2, None),
+    # a learner's JSON: no gradient_clipping (the trainer makes 0.0 explicit), small buckets (several reduces)
+    "zero2-2-fp32": (2, 2, "fp32", 2, dict(reduce_bucket_size=20_000, drop=("gradient_clipping",))),
+    "zero3-2-fp32": (3, 2, "fp32", 2, None),
+    **{f"zero{s}-4-bf16": (s, 4, "bf16", 1, None) for s in (1, 2, 3)},
+    # ZeRO-Offload to the CPU with the trainer's torch AdamW (DeepSpeedCPUAdam needs a ~60 s build: slow tier)
+    "zero2-offload-2-fp32": (2, 2, "fp32", 2, dict(offload_optimizer="cpu", ds_optimizer=False)),
+    "zero3-offload-2-fp32": (3, 2, "fp32", 2, dict(offload_optimizer="cpu", offload_param="cpu", ds_optimizer=False)),
+}
+# fp32 tolerance: DeepSpeed divides each gradient bucket by N and reduces it in other buckets and another order than
+# DDP's reducer, so results differ by float rounding only (~1e-7 relative per step, compounding through Adam); 1e-5
+# absolute on a loss of ~5.5 and 1e-6 relative on Σw² catch any real error (a wrong averaging factor, clipping left
+# on, a lost micro-batch move them by >1e-3).
+LOSS_ATOL = 1e-5
+
+
+def _train(strategy, nproc, dtype, grad_accum, *extra):
+    return launch("coursekit.train", ["--strategy", strategy, *COMMON, "--dtype", dtype, "--grad-accum",
+                                      str(grad_accum), *extra], nproc=nproc, timeout=240, stream=False).results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name in cache:
+            return cache[name]
+        if name == "ddp":
+            cache[name] = _train("ddp", 2, "fp32", 2)
+            return cache[name]
+        stage, n, dtype, m, cfg = RUNS[name]
+        if cfg is None:
+            cache[name] = _train(f"zero{stage}", n, dtype, m)
+        else:
+            kw = {k: v for k, v in cfg.items() if k != "drop"}
+            c = build_config(stage, dtype=dtype, **kw)
+            for k in cfg.get("drop", ()):
+                c.pop(k)
+            path = save_config(c, tmp_path_factory.mktemp("cfg") / f"{name}.json")
+            cache[name] = _train("deepspeed", n, dtype, m, "--ds-config", path)
+        return cache[name]
+
+    return get
+
+
+def _offload(name):
+    cfg = RUNS[name][4] or {}
+    return dict(offload_optimizer=cfg.get("offload_optimizer", "none"), offload_param=cfg.get("offload_param", "none"))
+
+
+def _losses(rec):
+    return [s["loss"] for s in rec["steps"]]
+
+
+# -- 1. equivalence ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [n for n in RUNS if n.endswith("fp32")])
+def test_zero_equals_ddp_step_by_step(runs, name, no_orphans):
+    ddp = runs("ddp")[0]
+    recs = runs(name)
+    for rank, rec in enumerate(recs):
+        f = rec["final"]
+        assert rec["rank"] == rank and f["zero_stage"] == RUNS[name][0]
+        assert f["ds_config"]["gradient_clipping"] == 0.0  # DeepSpeed's default would clip (1.0)
+        assert f["ds_config"]["gradient_accumulation_steps"] == 2 and f["micro_batch"] == 2
+        assert _losses(rec) == pytest.approx(_losses(ddp), abs=LOSS_ATOL)
+        assert f["param_sq_sum"] == pytest.approx(ddp["final"]["param_sq_sum"], rel=1e-6)
+        assert f["param_sq_sum"] == recs[0]["final"]["param_sq_sum"]  # every rank holds the same model
+    assert _losses(ddp)[-1] < _losses(ddp)[0]
+
+
+# -- 2. measured bytes == DeepSpeed's layout, every rank ----------------------------------------------------------------
+FIELDS = {"params": "params_bytes", "grads": "grads_bytes", "master": "master_bytes", "optimizer": "optimizer_bytes",
+          "fp32_grads": "fp32_grads_bytes", "buffers": "buffers_bytes", "scalars": "scalars_bytes",
+          "grads_peak": "grads_peak_bytes"}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_held_bytes_equal_deepspeed_layout(runs, name, no_orphans):
+    stage, n, dtype, _, _ = RUNS[name]
+    numels = layout.model_numels("tiny-llama")
+    for rank, rec in enumerate(runs(name)):
+        f = rec["final"]
+        assert f["num_params"] == sum(numels)
+        assert f["other_bytes"] == 0, f"unclassified DeepSpeed tensors: {f['zero_held']}"
+        want = layout.deepspeed_bytes(numels, stage=stage, world=n, rank=rank, dtype=dtype,
+                                      micro_batches=RUNS[name][3], **_offload(name))
+        got = {k: f[v] for k, v in FIELDS.items() if want[k] is not None}
+        assert got == {k: want[k] for k in got}, f"rank {rank}"
+        assert f["tiers"] == want["tiers"], f"rank {rank}: where DeepSpeed keeps each category"
+
+
+# -- 3. measured bytes == `coursekit memory` ----------------------------------------------------------------------------
+def memory_cli(stage, n, dtype, micro_batch, offload_optimizer="none", offload_param="none"):
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", "memory", "--model", "tiny-llama", "--batch",
+                          str(micro_batch), "--seq", "32", "--dtype", dtype, "--dp", str(n), "--zero", str(stage),
+                          "--offload", offload_optimizer, "--offload-params", offload_param, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def measured_vs_calculator(f, calc) -> dict:
+    """(measured, predicted) per category. Gradients: the calculator's ZeRO-0/1 figure is the whole gradient held
+    through backward (the peak, before DeepSpeed's end-of-backward reduction); its ZeRO-2/3 figure the partition."""
+    grads = f["grads_peak_bytes"] if f["zero_stage"] <= 1 else f["grads_bytes"]
+    tiers = f["tiers"]
+    if calc["cpu_bytes"]:  # offload: what the calculator moves to the host, against DeepSpeed's host tier
+        return {c: (tiers.get("accelerator", {}).get(k, 0), calc[f"{c}_bytes"]) for c, k in (
+            ("parameters", "params"), ("master_weights", "master"), ("optimizer_states", "optimizer"))} | {
+            "cpu": (f["cpu_bytes"], calc["cpu_bytes"])}
+    return {"parameters": (f["params_bytes"], calc["parameters_bytes"]),
+            "gradients": (grads, calc["gradients_bytes"]),
+            "master_weights": (f["master_bytes"], calc["master_weights_bytes"]),
+            "optimizer_states": (f["optimizer_bytes"], calc["optimizer_states_bytes"]),
+            "step_grad_copy": (f["fp32_grads_bytes"], calc["step_grad_copy_bytes"])}
+
+
+# Where `coursekit memory` (this commit) and DeepSpeed 0.19 disagree, with DeepSpeed's reason; sent to the
+# calculator's owner. Any other difference fails; a listed one that no longer differs fails too ("remove it").
+KNOWN_DIFFS = {
+    "master_weights": ("fp32 ZeRO 1-3 clone an fp32 master partition (4Ψ/N) even though the weights are fp32 "
+                       "(single_partition_of_fp32_groups / fp32_partitioned_groups_flat)"),
+    "step_grad_copy": ("fp32 ZeRO 1-3 still build a new fp32 gradient partition (4Ψ/N) at the step: "
+                       "flatten(averaged_gradients).to(fp32) copies"),
+    "gradients": ("ZeRO-2 keeps the gradient of every parameter that overlaps its partition, whole "
+                  "(grads_in_partition): more than Ψ·b/N by the parameters straddling partition boundaries"),
+    "cpu": ("ZeRO-Offload's host side also holds the fp32 master partition in fp32 runs, a partition-sized staging "
+            "copy of the weights and a largest-parameter gradient buffer (stages 1-2), and with grad accumulation "
+            "the overlapping parameters' gradients"),
+}
+
+
+def _known(name: str, stage: int, dtype: str) -> set:
+    offload = "offload" in name
+    k = set()
+    if dtype == "fp32" and stage >= 1 and not offload:
+        k |= {"master_weights", "step_grad_copy"}
+    if stage == 2 and not offload:
+        k.add("gradients")
+    if offload:
+        k.add("cpu")
+    return k
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_held_bytes_equal_coursekit_memory(runs, name, no_orphans):
+    stage, n, dtype, _, _ = RUNS[name]
+    recs = runs(name)
+    calc = memory_cli(stage, n, dtype, recs[0]["final"]["micro_batch"], **_offload(name))
+    diffs = {}
+    for rank, rec in enumerate(recs):
+        for cat, (got, want) in measured_vs_calculator(rec["final"], calc).items():
+            if got != want:
+                diffs.setdefault(cat, []).append(f"rank {rank}: measured {got} != predicted {want}")
+    known = _known(name, stage, dtype)
+    unexpected = {c: d for c, d in diffs.items() if c not in known}
+    assert not unexpected, "DeepSpeed holds other bytes than `coursekit memory` predicts:\n" + json.dumps(
+        unexpected, indent=1)
+    stale = known - set(diffs)
+    assert not stale, f"`coursekit memory` now agrees on {sorted(stale)}: remove them from KNOWN_DIFFS"
+    if diffs:
+        pytest.xfail("; ".join(f"{c}: {KNOWN_DIFFS[c]} ({d[0]})" for c, d in diffs.items()))
+
+
+# -- 4. collectives per step == the volume model -----------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_collectives_equal_volume_model(runs, name, no_orphans):
+    _, n, dtype, m, _ = RUNS[name]
+    b = 4 if dtype == "fp32" else 2
+    for rec in runs(name):
+        f = rec["final"]
+        psi, stage, coll = f["num_params"], f["zero_stage"], f["collectives"]
+        want = comm.expected(stage, psi, n, elem_bytes=b, micro_batches=m)
+        assert comm.measured(coll) == want
+        # the paper's per-step volume in Ψ: ZeRO-2 reduces every micro-batch, ZeRO-3 gathers twice per micro-batch
+        assert comm.paper_volume(want, psi, b) == {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[stage]
+        # what is left out, exactly: the gradient norm (fp32 in stages 1-2 and under offload, fp64 in stage 3) and,
+        # in bf16 stages 1-2, a one-byte overflow flag; stage 0 issues nothing else
+        scalars = [(c["op"], c["bytes"], c["count"]) for c in comm.scalar_calls(coll)]
+        norm = 8 if stage == 3 and "offload" not in name else 4
+        flag = [("all_reduce", 1, 1)] if dtype == "bf16" and stage in (1, 2) else []
+        assert scalars == ([] if stage == 0 else flag + [("all_reduce", norm, 1)])
+
+
+# -- 5. input a learner gets wrong: refused before DeepSpeed starts ------------------------------------------------
+@pytest.mark.parametrize("args,needle", [
+    (["--strategy", "deepspeed"], "pass --ds-config"),
+    (["--strategy", "zero2", "--ds-config", str(CONFIG_DIR / "zero3.json")], "use --strategy zero3"),
+    (["--strategy", "zero1", "--bucket-mb", "1"], "--bucket-mb is DDP's"),
+    (["--strategy", "zero1", "--ckpt-dir", "x"], "--ckpt-dir is not supported"),
+    (["--strategy", "zero1", "--ds-config", "nope.json"], "no such DeepSpeed config"),
+])
+def test_bad_zero_input_gives_a_clear_error(args, needle):
+    from coursekit import strategies
+    from coursekit.dist import DistInfo
+    from coursekit.train import build_parser
+
+    a = build_parser().parse_args(args)
+    info = DistInfo(rank=0, world_size=2, local_rank=0, local_world_size=2, backend="gloo", device="cpu",
+                    source="torchrun")
+    with pytest.raises((ValueError, FileNotFoundError), match=re.escape(needle)):
+        strategies.get(a.strategy)(a, info)
