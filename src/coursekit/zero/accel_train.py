@@ -1,0 +1,127 @@
+"""The trainer's loop written the Accelerate way, for ``accelerate launch`` (Lab 2, section 7).
+
+    ACCELERATE_USE_CPU=true accelerate launch --config_file configs/accelerate/ddp_cpu.yaml \\
+        -m coursekit.zero.accel_train --steps 4                                # DDP on 2 CPU processes (gloo)
+    accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml -m coursekit.zero.accel_train   # GPUs
+
+Same model, seed, data and AdamW as ``coursekit train``, so the losses equal the reference trainer's step by step.
+Accelerate picks DDP or DeepSpeed from the launch config; the loop does not change (``accelerator.prepare``,
+``accelerator.backward``). Every rank reports its losses and what Accelerate made of the launch (distributed type,
+rank, world size) through ``coursekit.launch.report`` when run under the course launcher's results folder.
+
+Why DeepSpeed through Accelerate is a GPU cell on CPU machines: Accelerate 1.x enables DeepSpeed only for
+accelerator devices. With ``--cpu`` / ``ACCELERATE_USE_CPU`` its state never selects DeepSpeed; without them, on a
+machine with no GPU it finds no backend and tells every process it is rank 0 of 1 (``AcceleratorState``).
+``--gloo`` below passes the backend explicitly through Accelerate's public ``InitProcessGroupKwargs``: then its state
+counts the ranks right and selects DeepSpeed on CPU too — used only where a test proves it (test_accelerate.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+
+def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True, timeout: float = 300,
+                      env: dict | None = None) -> list:
+    """Run this script under ``accelerate launch --config_file config`` on ``nproc`` processes; per-rank reports.
+
+    ``cpu``: set ``ACCELERATE_USE_CPU=true`` (DDP on CPU). The processes are stamped like ``coursekit.launch``'s and
+    stopped (the whole tree) on timeout; a failure raises RuntimeError with the output's tail.
+    """
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from coursekit.dist import free_port
+    from coursekit.launch import RESULTS_ENV, kill_tree
+
+    with tempfile.TemporaryDirectory(prefix="coursekit-accel-") as d:
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", RESULTS_ENV: d,
+                    "COURSEKIT_LAUNCHED_BY": str(os.getpid()), **(env or {})}
+        if cpu:
+            full_env["ACCELERATE_USE_CPU"] = "true"
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes",
+               str(nproc), "--main_process_port", str(free_port()), "-m", "coursekit.zero.accel_train",
+               *map(str, args)]
+        proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.communicate()
+            raise RuntimeError(f"accelerate launch timed out after {timeout:.0f}s; all processes were stopped")
+        if proc.returncode != 0:
+            raise RuntimeError(f"accelerate launch failed (exit {proc.returncode}):\n{out[-3000:]}")
+        files = sorted(Path(d).glob("rank-*.json"), key=lambda f: int(f.stem.split("-")[1]))
+        return [json.loads(f.read_text()) for f in files]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="coursekit.zero.accel_train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gloo", action="store_true", help="pass backend='gloo' to Accelerate (CPU DeepSpeed, see doc)")
+    a = p.parse_args(argv)
+
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and os.environ.get("COURSEKIT_DEVICE") == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no 60-120 s JIT build of a CPU comm op
+    import torch
+    import torch.distributed as dist
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs, set_seed
+
+    from coursekit.data import make_dataset, micro_batches
+    from coursekit.launch import report
+    from coursekit.models import build_model
+
+    handlers = [InitProcessGroupKwargs(backend="gloo", timeout=datetime.timedelta(seconds=300))] if a.gloo else []
+    acc = Accelerator(kwargs_handlers=handlers)
+    rank, world = acc.process_index, acc.num_processes
+    if a.global_batch % world:
+        print(f"error: --global-batch {a.global_batch} is not divisible by {world} processes", file=sys.stderr)
+        return 2
+    micro = a.global_batch // world
+    model = build_model(a.model, seed=a.seed)  # same init on every rank, as the trainer
+    set_seed(a.seed + rank)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+                            foreach=False)
+    if acc.distributed_type.value == "DEEPSPEED":
+        acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
+    model, opt = acc.prepare(model, opt)
+    ds = make_dataset("synthetic", seq_len=a.seq, num_samples=max(256, 4 * a.global_batch), seed=a.seed)
+    losses = []
+    for step in range(a.steps):
+        (ids, labels), = micro_batches(ds, step, micro_batch=micro, grad_accum=1, rank=rank, world=world,
+                                       device=acc.device)
+        loss = model(input_ids=ids, labels=labels).loss
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().float().clone()
+        if dist.is_initialized():
+            dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+        if acc.is_main_process:
+            print(f"step {step} loss {losses[-1]:.6f}", flush=True)
+    stage = model.zero_optimization_stage() if hasattr(model, "zero_optimization_stage") else None
+    report({"rank": rank, "world_size": world, "distributed_type": str(acc.distributed_type.value),
+            "device": str(acc.device), "losses": losses, "model_class": type(model).__name__, "zero_stage": stage,
+            "torch_rank": dist.get_rank() if dist.is_initialized() else None,
+            "torch_world": dist.get_world_size() if dist.is_initialized() else None})
+    acc.end_training()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

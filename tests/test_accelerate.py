@@ -1,0 +1,46 @@
+"""Accelerate: DDP through `accelerate launch` on CPU for real, and DeepSpeed ZeRO-2 through Accelerate on CPU via
+an explicit gloo backend (Accelerate's public InitProcessGroupKwargs) — both equal the reference trainer's DDP."""
+import pytest
+
+from coursekit.launch import launch
+from coursekit.zero.accel_train import accelerate_launch
+from coursekit.zero.config import CONFIG_DIR
+
+ACCEL = CONFIG_DIR.parent / "accelerate"
+ARGS = ["--steps", "3", "--seq", "32", "--global-batch", "8", "--seed", "0"]
+LOSS_ATOL = 1e-5  # fp32, same data and init; only the gradient reduction order differs (see test_zero.py)
+
+
+@pytest.fixture(scope="module")
+def trainer_ddp():
+    rec = launch("coursekit.train", ["--strategy", "ddp", "--model", "tiny-llama", "--quiet", *ARGS], nproc=2,
+                 timeout=240, stream=False).results[0]
+    return [s["loss"] for s in rec["steps"]]
+
+
+def test_ddp_through_accelerate_launch_on_cpu(trainer_ddp, no_orphans):
+    recs = accelerate_launch(ACCEL / "multi_cpu.yaml", ARGS, nproc=2, cpu=True)
+    assert [r["rank"] for r in recs] == [0, 1]
+    for r in recs:
+        assert r["distributed_type"] == "MULTI_CPU" and r["world_size"] == 2 and r["torch_world"] == 2
+        assert r["losses"] == pytest.approx(trainer_ddp, abs=LOSS_ATOL)
+
+
+def test_deepspeed_through_accelerate_on_cpu_with_explicit_gloo(trainer_ddp, no_orphans):
+    recs = accelerate_launch(ACCEL / "deepspeed_zero2.yaml", [*ARGS, "--gloo"], nproc=2, cpu=False,
+                             env={"DS_ACCELERATOR": "cpu", "COURSEKIT_DEVICE": "cpu"})
+    assert [r["rank"] for r in recs] == [0, 1]
+    for r in recs:
+        assert r["distributed_type"] == "DEEPSPEED" and r["model_class"] == "DeepSpeedEngine"
+        assert r["zero_stage"] == 2 and r["world_size"] == 2 and r["torch_rank"] == r["rank"]
+        assert r["losses"] == pytest.approx(trainer_ddp, abs=LOSS_ATOL)
+
+
+@pytest.mark.slow
+def test_deepspeed_through_accelerate_on_cpu_without_gloo_miscounts_ranks(no_orphans):
+    """Why the lab's default DeepSpeed-through-Accelerate cell is a GPU cell: without an explicit backend, on a
+    machine with no GPU, Accelerate finds no backend and tells every process it is rank 0 of 1 (DeepSpeed's own
+    group still has 2). If this starts failing, Accelerate fixed it: drop --gloo from the lab."""
+    recs = accelerate_launch(ACCEL / "deepspeed_zero2.yaml", ARGS, nproc=2, cpu=False,
+                             env={"DS_ACCELERATOR": "cpu", "COURSEKIT_DEVICE": "cpu"})
+    assert {(r["rank"], r["world_size"], r["torch_world"]) for r in recs} == {(0, 1, 2)}
