@@ -54,9 +54,10 @@ def run(course: Course, subs: Path, out: Path, jobs: int, autograde: bool) -> di
     graded = [r for r in rows if r.status != "missing"]
     phases = []
     for r in graded:
-        res = json.loads((out / "results" / r.student / f"{LAB}.json").read_text())
-        phases.append({"student": r.student, "score": r.score, "seconds": r.seconds,
-                       "recheck_s": (res.get("recheck") or {}).get("seconds"),
+        path = out / "results" / r.student / f"{LAB}.json"
+        res = json.loads(path.read_text()) if path.is_file() else {}
+        phases.append({"student": r.student, "score": r.score, "status": r.status, "reason": r.reason[:200],
+                       "seconds": r.seconds, "recheck_s": (res.get("recheck") or {}).get("seconds"),
                        "autograde_s": (res.get("autograde") or {}).get("seconds")})
     return {"jobs": jobs, "submissions": len(graded), "wall_s": round(wall, 1),
             "per_minute": round(60 * len(graded) / wall, 2), "rows": phases}

@@ -92,13 +92,14 @@ def student_env() -> dict:
     return env
 
 
-def fingerprint(course: Course) -> str:
-    """Hash of the grader's own code and the lab sources (a submission that rewrites them is caught)."""
+def fingerprint(course: Course, labs: list[str]) -> str:
+    """Hash of the grader's own code and the sources of the labs being graded (a submission that rewrites them is
+    caught)."""
     import coursekit.course
 
     h = hashlib.sha256()
     pkg = Path(coursekit.course.__file__).parent
-    files = sorted(pkg.rglob("*.py")) + sorted(course.solutions.rglob("*.py"))
+    files = sorted(pkg.rglob("*.py")) + [course.solutions / lab / f"{lab}.py" for lab in labs]
     for f in files + [course.root / "nbgrader_config.py"]:
         if f.is_file():
             h.update(str(f).encode())
@@ -182,8 +183,8 @@ def discover(course: Course, submissions: Path, labs: list[str]) -> list[tuple[s
 
 
 class Batch:
-    def __init__(self, course: Course, out: Path, *, jobs: int, autograde: bool, timeout: float | None,
-                 call_timeout: float | None, progress=None):
+    def __init__(self, course: Course, out: Path, labs: list[str], *, jobs: int, autograde: bool,
+                 timeout: float | None, call_timeout: float | None, progress=None):
         self.course, self.out, self.jobs, self.autograde = course, Path(out), jobs, autograde
         self.timeout, self.call_timeout = timeout, call_timeout
         self.progress = progress or (lambda msg: None)
@@ -194,7 +195,8 @@ class Batch:
         self.live: set[int] = set()
         self.before: set[int] = set()
         self.stopped: str | None = None
-        self.print_ = fingerprint(course)
+        self.lab_names = labs
+        self.print_ = fingerprint(course, labs)
 
     def prepare(self, lab_names: list[str], submitted: set[str]) -> None:
         """Parse every lab; make nbgrader's template course folder for those with submissions."""
@@ -257,7 +259,7 @@ class Batch:
         row.seconds = round(time.monotonic() - t0, 2)
         self._write_outputs(row, lab, recheck, ag, notebook, work)
         shutil.rmtree(work, ignore_errors=True)
-        if fingerprint(self.course) != self.print_ and not self.stopped:
+        if fingerprint(self.course, self.lab_names) != self.print_ and not self.stopped:
             self.stopped = f"grader files changed while grading {student}/{lab_name}"
             row.status, row.reason = "error", f"{self.stopped} (score withheld); {row.reason}"
         return row
@@ -361,7 +363,7 @@ def grade(course: Course, submissions: str | Path, out: str | Path, *, labs: lis
         course.source_path(name)
     todo = discover(course, Path(submissions), lab_names)
     jobs = jobs or max(1, os.cpu_count() or 1)
-    batch = Batch(course, out, jobs=jobs, autograde=autograde, timeout=timeout, call_timeout=call_timeout,
+    batch = Batch(course, out, lab_names, jobs=jobs, autograde=autograde, timeout=timeout, call_timeout=call_timeout,
                   progress=progress)
     reaper = set_subreaper()
     batch.before = {p.pid for p in psutil.Process().children()}
