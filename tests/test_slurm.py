@@ -394,7 +394,9 @@ def test_grading_array_one_task_per_submission(cluster, job_env, tmp_path):
 def test_grading_array_runs_the_course_grader(cluster, job_env, tmp_path):
     # The real `coursekit course grade` on the course tests' toy lab: a right and a wrong submission, graded by two
     # array tasks in parallel (re-check only, --no-nbgrader, to stay quick on two cores).
-    from test_course_toy import SOLUTIONS, make_course, submission, write_submission
+    toy = pytest.importorskip("test_course_toy", reason="the course tests' toy lab (tests/test_course_toy.py)")
+    SOLUTIONS, make_course, submission, write_submission = (toy.SOLUTIONS, toy.make_course, toy.submission,
+                                                            toy.write_submission)
 
     course = make_course(tmp_path / "course")
     subs = tmp_path / "submissions"
