@@ -33,6 +33,9 @@ def test_torchrun_variables_win_and_missing_port_is_a_clear_error():
     with pytest.raises(ValueError, match="MASTER_PORT"):
         ckdist.env_layout({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
     assert ckdist.env_layout({})["source"] == "single"
+    ds_launcher = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "MASTER_ADDR": "h",
+                   "MASTER_PORT": "1"}
+    assert ckdist.env_layout(ds_launcher)["local_world_size"] == 2
 
 
 def test_forced_cpu(monkeypatch):

@@ -92,7 +92,8 @@ def env_layout(env: dict | None = None) -> dict:
             rank=int(env["RANK"]),
             world_size=int(env["WORLD_SIZE"]),
             local_rank=int(env.get("LOCAL_RANK", 0)),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+            # torchrun sets LOCAL_WORLD_SIZE; DeepSpeed's launcher sets LOCAL_SIZE
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or 1),
             master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
             master_port=int(env.get("MASTER_PORT") or 0) or None,
         )
