@@ -213,6 +213,7 @@ def test_collectives_equal_volume_model(runs, name, no_orphans):
     (["--strategy", "zero2", "--ds-config", str(CONFIG_DIR / "zero3.json")], "use --strategy zero3"),
     (["--strategy", "zero1", "--bucket-mb", "1"], "--bucket-mb is DDP's"),
     (["--strategy", "zero1", "--ckpt-dir", "x"], "--ckpt-dir is not supported"),
+    (["--strategy", "zero3", "--compile"], "--compile is not supported"),
     (["--strategy", "zero1", "--ds-config", "nope.json"], "no such DeepSpeed config"),
 ])
 def test_bad_zero_input_gives_a_clear_error(args, needle):

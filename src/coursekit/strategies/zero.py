@@ -13,10 +13,12 @@ The config: ``--ds-config`` or ``configs/deepspeed/zero<N>.json``; the trainer w
 (``coursekit.zero.config.finalize``). ``--dtype bf16`` is DeepSpeed's ``bf16.enabled`` (bf16 weights and
 gradients, fp32 master partition), not autocast.
 
-Measured step (the last): every rank records what DeepSpeed holds (``coursekit.zero.held``) once at the end of
-backward (parameters, gradients, buffers) and once inside the optimizer step (fp32 master, optimizer states and
-the fp32 gradient partition, which exists only then), and counts the collectives of the whole step
-(``coursekit.comm.counter``, which slows that one step a little).
+Measured step (the last): every rank records what DeepSpeed holds (``coursekit.zero.held``) when the last gradient
+arrives (before DeepSpeed's end-of-backward reduction: ZeRO-1 holds every gradient whole then), at the end of
+backward (parameters, gradients, buffers) and inside the optimizer step (fp32 master, optimizer states and the fp32
+gradient partition, which exists only then), and counts the collectives of the whole step
+(``coursekit.comm.counter``, which slows that one step a little). Equal to DDP step by step in fp32
+(tests/test_zero.py); ``coursekit.zero.layout`` predicts every byte.
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ class ZeRO(Strategy):
         if getattr(args, "ckpt_dir", None):
             raise ValueError(f"--ckpt-dir is not supported with --strategy {args.strategy}: DeepSpeed writes its own "
                              "checkpoints (engine.save_checkpoint), which the course does not use")
+        if getattr(args, "compile", False):
+            raise ValueError("--compile is not supported with the DeepSpeed strategies (DeepSpeed wraps the module; "
+                             "use its engine.compile() in your own script)")
         if getattr(args, "bucket_mb", None):
             raise ValueError("--bucket-mb is DDP's; set reduce_bucket_size / allgather_bucket_size (elements) in the "
                              "DeepSpeed JSON")

@@ -49,16 +49,18 @@ _RULES = [
     (r"(grads_in_partition|averaged_gradients|grad_partitions_flat_buffer|all_grad_tensors|accumulated_grads_in_cpu"
      r"|non_expert_gradients|fp32_groups_gradient)", "grads"),
     (r"^state\..*\['(exp_avg|exp_avg_sq|momentum_buffer|max_exp_avg_sq)'\]$", "optimizer"),
-    (r"(ipg_buckets|temp_grad_buffer|param_buffer_of_bit16|pin_buffer|_muon_allgather_buffers|swap_buffer)",
-     "buffers"),
+    (r"(ipg_buckets|temp_grad_buffer|param_buffer_of_bit16|pin_buffer|_muon_allgather_buffers|swap_buffer"
+     r"|param_swapper|optimizer_swapper)", "buffers"),
 ]
 # owners walked before the rest, so a gradient that is a view into a bucket is charged to the bucket
 _FIRST = ("ipg_buckets", "bit16_groups_flat", "fp16_partitioned_groups_flat", "single_partition_of_fp32_groups",
           "fp32_partitioned_groups_flat", "grads_in_partition", "grad_partitions_flat_buffer")
-# structures DeepSpeed keeps on the host when it offloads the optimizer: the partitioned optimizer categories and
-# the host-side staging buffers of ZeRO-1/2 offload (a bf16/fp32 copy of the partition, a one-parameter grad buffer)
+# structures DeepSpeed keeps on the host when it offloads the optimizer: the partitioned optimizer categories; and
+# host-only structures: ZeRO-1/2 offload's staging buffers (a copy of the partition, a one-parameter gradient buffer,
+# accumulated gradients) and NVMe offload's swap buffers (pinned host memory the async I/O reads into and writes from)
 _OFFLOAD_OPT = {"master", "optimizer", "fp32_grads"}
-_HOST_BUFFERS = r"(param_buffer_of_bit16_for_cpu_offload|temp_grad_buffer_for_cpu_offload|accumulated_grads_in_cpu)"
+_HOST_BUFFERS = (r"(param_buffer_of_bit16_for_cpu_offload|temp_grad_buffer_for_cpu_offload|accumulated_grads_in_cpu"
+                 r"|param_swapper|optimizer_swapper)")
 
 
 def _classify(path: str, t: torch.Tensor) -> str:
@@ -106,9 +108,10 @@ def _inner_optimizer(engine):
 def _on_host(engine, cat: str, path: str) -> bool:
     """On a CPU-only machine: does DeepSpeed's offload decision put this structure on the host?"""
     opt = engine.optimizer
-    if getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False):
-        if cat in _OFFLOAD_OPT or re.search(_HOST_BUFFERS, path):
-            return True
+    if re.search(_HOST_BUFFERS, path):
+        return True
+    if cat in _OFFLOAD_OPT and (getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)):
+        return True
     return cat == "params" and bool(getattr(opt, "offload_param", False))
 
 
@@ -121,10 +124,15 @@ def held_tensors(engine) -> list[tuple[str, str, torch.Tensor]]:
         for k in [k for k in _FIRST if k in attrs] + [k for k in attrs if k not in _FIRST]:
             if k not in ("optimizer", "module", "param_names"):
                 _walk(attrs[k], f"opt.{k}", found)
+    swappers = {}
     for p in engine.module.parameters():
         _walk(p, "param", found)
         if hasattr(p, "ds_tensor"):
             _walk(p.ds_tensor, "param.ds_tensor", found)
+        if getattr(p, "nvme_swapper", None) is not None:  # ZeRO-Infinity's parameter swapper (one per engine)
+            swappers[id(p.nvme_swapper)] = p.nvme_swapper
+    for sw in swappers.values():
+        _walk(sw, "param_swapper", found)
     if inner is not None:
         for i, st in enumerate(inner.state.values()):
             _walk(st, f"state.{i}", found)
