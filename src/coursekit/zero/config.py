@@ -40,7 +40,7 @@ def build_config(stage: int, *, micro_batch: int = 4, grad_accum: int = 1, dtype
                  ds_optimizer: bool | None = None, reduce_bucket_size: int = 500_000,
                  allgather_bucket_size: int = 500_000, prefetch_bucket_size: int = 0, overlap_comm: bool = False,
                  multi_rank_allreduce: bool = False, stage3_keep_params: bool = False,
-                 nvme_buffer_size: int = 100_000_000) -> dict:
+                 nvme_buffer_size: int = 1 << 22) -> dict:
     """A complete DeepSpeed config dict for ZeRO ``stage`` (0-3).
 
     ``offload_optimizer``: "none" | "cpu" | "nvme" (fp32 master, optimizer states and the step on the CPU; NVMe
@@ -50,6 +50,8 @@ def build_config(stage: int, *, micro_batch: int = 4, grad_accum: int = 1, dtype
     only when offloading. Without it the trainer passes its torch AdamW (``zero_force_ds_cpu_optimizer`` is then
     False so offload accepts it). Bucket sizes are in elements, as in DeepSpeed. ``stage3_keep_params`` restores
     DeepSpeed's prefetch/persistence defaults (params gathered once per step and kept; see the module docstring).
+    ``nvme_buffer_size``: elements per NVMe parameter swap buffer (16 of them, in pinned host memory); it must hold
+    the largest parameter. DeepSpeed's default, 1e8, would pin 16 x 200 MB per rank in bf16.
     """
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")

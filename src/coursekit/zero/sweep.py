@@ -1,0 +1,123 @@
+"""Sweeps of DeepSpeed settings in one launch: how bucket sizes, prefetch and overlap change the collectives and the
+step time (Lab 2, section 6), and the stage x offload benchmark table (bench/bench_zero.py).
+
+    rows = run_sweep([{"name": "rb=20k", "stage": 2, "reduce_bucket_size": 20_000}, ...], nproc=2)
+
+Each point builds a fresh model and DeepSpeed engine inside the same process group (the imports, 5-8 s per launch,
+are paid once), trains ``steps`` steps with the reference trainer's pieces (``coursekit.strategies.zero``, the same
+data and AdamW), times steps 1..steps-2 and counts the collectives of the last step (the counter slows that step,
+so it is never timed). A point is ``build_config`` keywords plus ``name``, ``stage``, ``dtype``, ``model``, and
+optionally ``config`` (a whole DeepSpeed dict, then the keywords are ignored).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+POINT_KEYS = ("name", "stage", "dtype", "model", "config")
+
+
+def sweep_points(stage: int, **grid) -> list[dict]:
+    """One point per value of one varied setting, e.g. ``sweep_points(2, reduce_bucket_size=[1e4, 1e5, 1e6])``."""
+    points = []
+    for key, values in grid.items():
+        for v in values:
+            points.append({"name": f"{key}={v}", "stage": stage, key: v})
+    return points
+
+
+def run_sweep(points: list[dict], *, nproc: int = 2, steps: int = 5, seq: int = 64, global_batch: int = 8,
+              model: str = "tiny-llama", timeout: float = 600, stream: bool = False) -> list[dict]:
+    """Run every point on ``nproc`` ranks in one launch; returns rank 0's row per point (see ``_row``)."""
+    from coursekit.launch import launch
+
+    if steps < 3:
+        raise ValueError("steps must be >= 3 (a warm-up step, timed steps, a counted step)")
+    with tempfile.TemporaryDirectory(prefix="coursekit-sweep-") as d:
+        spec = Path(d) / "points.json"
+        spec.write_text(json.dumps(points))
+        res = launch("coursekit.zero.sweep", ["--points", spec, "--steps", steps, "--seq", seq, "--global-batch",
+                                              global_batch, "--model", model], nproc=nproc, timeout=timeout,
+                     stream=stream)
+    return res.results[0]["rows"]
+
+
+def _one(point: dict, a, info) -> dict:
+    import torch.distributed as dist
+
+    from coursekit.data import make_dataset, micro_batches
+    from coursekit.models import build_model
+    from coursekit.strategies.zero import ZeRO
+    from coursekit.zero.config import build_config, stage_of
+
+    cfg = point.get("config") or build_config(point["stage"], dtype=point.get("dtype", "fp32"),
+                                              **{k: v for k, v in point.items() if k not in POINT_KEYS})
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg, f)
+    args = argparse.Namespace(strategy="deepspeed", ds_config=f.name, ckpt_dir=None, bucket_mb=None,
+                              dtype="bf16" if cfg.get("bf16", {}).get("enabled") else "fp32", lr=1e-3,
+                              weight_decay=0.0, steps=a.steps, grad_accum=1,
+                              micro_batch=a.global_batch // info.world_size)
+    strat = ZeRO(args, info)
+    strat.setup(build_model(point.get("model", a.model), seed=0))
+    ds = make_dataset("synthetic", seq_len=a.seq, num_samples=max(256, 4 * a.global_batch), seed=0)
+    times, losses = [], []
+    for step in range(a.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        (ids, labels), = micro_batches(ds, step, micro_batch=args.micro_batch, grad_accum=1, rank=info.rank,
+                                       world=info.world_size)
+        loss = strat.forward_backward(ids, labels, 0, 1)
+        strat.step(measure=step == a.steps - 1)
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss))
+    held = strat.last_state_bytes
+    strat.engine.destroy()
+    Path(f.name).unlink(missing_ok=True)
+    timed = times[1:-1]
+    return _row(point, stage_of(cfg), held, statistics.median(timed), losses)
+
+
+def _row(point, stage, held, step_s, losses) -> dict:
+    """One table row: the point, its step time, per-op call counts and payload sizes, and the held bytes."""
+    coll = held["collectives"]["calls"]
+    ops = {}
+    for c in coll:
+        if c["bytes"] <= 8:  # grad-norm / overflow scalars
+            continue
+        o = ops.setdefault(c["op"], {"calls": 0, "bytes": 0, "max_bytes": 0})
+        o["calls"] += c["count"]
+        o["bytes"] += c["count"] * c["bytes"]
+        o["max_bytes"] = max(o["max_bytes"], c["bytes"])
+    keep = ("params_bytes", "grads_bytes", "master_bytes", "optimizer_bytes", "fp32_grads_bytes", "buffers_bytes",
+            "accelerator_bytes", "cpu_bytes", "nvme_bytes", "tiers")
+    return {"name": point.get("name", f"zero{stage}"), "stage": stage, "step_ms": 1000 * step_s, "ops": ops,
+            "calls": sum(o["calls"] for o in ops.values()), "losses": losses, **{k: held[k] for k in keep}}
+
+
+def main(argv=None) -> int:
+    """Worker: run the points in ``--points`` under an existing launch; rank 0 reports the rows."""
+    from coursekit import dist as ckdist
+    from coursekit.launch import report
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--points", required=True)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--model", default="tiny-llama")
+    a = p.parse_args(argv)
+    points = json.loads(Path(a.points).read_text())
+    with ckdist.session(seed=0) as info:
+        rows = [_one(pt, a, info) for pt in points]
+    report({"rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
