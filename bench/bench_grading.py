@@ -93,8 +93,9 @@ def main(argv=None) -> int:
     if "single" in report:
         s = report["single"]
         r = s["rows"][0]
-        print(f"  one submission: {r['seconds']:.1f} s in its grader (re-check {r['recheck_s']} s, nbgrader "
-              f"{r['autograde_s']} s); {s['wall_s']:.1f} s for the whole command (with nbgrader's template)")
+        phases = f"re-check {r['recheck_s']} s" + (f", nbgrader {r['autograde_s']} s" if autograde else "")
+        print(f"  one submission: {r['seconds']:.1f} s in its grader ({phases}); {s['wall_s']:.1f} s for the whole "
+              f"command{' (with making nbgrader’s template course)' if autograde else ''}")
     for b in report["batch"]:
         print(f"  batch of {b['submissions']} with {b['jobs']} grader(s) at once: {b['wall_s']:.1f} s, "
               f"{b['per_minute']:.2f} submissions per minute")
