@@ -93,7 +93,7 @@ def test_zero_equals_ddp_step_by_step(runs, name, no_orphans):
     assert _losses(ddp)[-1] < _losses(ddp)[0]
 
 
-# -- 2. measured bytes == DeepSpeed's layout, every rank ----------------------------------------------------------------
+# -- 2. measured bytes == DeepSpeed's layout, every rank ---------------------------------------------------------------
 FIELDS = {"params": "params_bytes", "grads": "grads_bytes", "master": "master_bytes", "optimizer": "optimizer_bytes",
           "fp32_grads": "fp32_grads_bytes", "buffers": "buffers_bytes", "scalars": "scalars_bytes",
           "grads_peak": "grads_peak_bytes"}
@@ -114,7 +114,7 @@ def test_held_bytes_equal_deepspeed_layout(runs, name, no_orphans):
         assert f["tiers"] == want["tiers"], f"rank {rank}: where DeepSpeed keeps each category"
 
 
-# -- 3. measured bytes == `coursekit memory` ----------------------------------------------------------------------------
+# -- 3. measured bytes == `coursekit memory` ---------------------------------------------------------------------------
 def memory_cli(stage, n, dtype, micro_batch, offload_optimizer="none", offload_param="none"):
     out = subprocess.run([sys.executable, "-m", "coursekit.cli", "memory", "--model", "tiny-llama", "--batch",
                           str(micro_batch), "--seq", "32", "--dtype", dtype, "--dp", str(n), "--zero", str(stage),
@@ -228,7 +228,7 @@ def test_bad_zero_input_gives_a_clear_error(args, needle):
         strategies.get(a.strategy)(a, info)
 
 
-# -- 6. sweeps (the lab's bucket sweep, bench/bench_zero.py) ------------------------------------------------------------
+# -- 6. sweeps (the lab's bucket sweep, bench/bench_zero.py) -----------------------------------------------------------
 def test_sweep_builds_several_engines_in_one_launch(no_orphans):
     from coursekit.zero.sweep import run_sweep
 

@@ -1,4 +1,5 @@
-"""ZeRO-Offload with DeepSpeed's own ops (slow tier: `scripts/test.sh --slow`, or `pytest -m slow tests/test_zero_offload.py`).
+"""ZeRO-Offload with DeepSpeed's own ops. Slow tier: `scripts/test.sh --slow`, or
+`.venv/bin/python -m pytest -m slow tests/test_zero_offload.py` (about 2 minutes once the ops are built).
 
 * CPU offload with **DeepSpeedCPUAdam** (the config's ``optimizer`` block): the op is compiled with the machine's
   C++ compiler the first time (63 s wall on an idle 2-core machine, ~3 min when the cores are busy), then loaded

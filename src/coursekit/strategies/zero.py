@@ -17,7 +17,8 @@ Measured step (the last): every rank records what DeepSpeed holds (``coursekit.z
 arrives (before DeepSpeed's end-of-backward reduction: ZeRO-1 holds every gradient whole then), at the end of
 backward (parameters, gradients, buffers) and inside the optimizer step (fp32 master, optimizer states and the fp32
 gradient partition, which exists only then), and counts the collectives of the whole step
-(``coursekit.comm.counter``, which slows that one step a little). Equal to DDP step by step in fp32
+(``coursekit.comm.counter``: every op then passes through Python, so that one step's time grows by ~40-70 ms on
+2 CPU cores; ``coursekit.zero.sweep`` never times it). Equal to DDP step by step in fp32
 (tests/test_zero.py); ``coursekit.zero.layout`` predicts every byte.
 """
 from __future__ import annotations
@@ -188,7 +189,8 @@ class ZeRO(Strategy):
             "cpu_bytes": sum(tiers.get("cpu", {}).values()),
             "num_params": num_params(self.engine), "zero_stage": self.stage_run,
             "offload": offload_devices(self.ds_config), "zero_held": self._snapshots,
-            "collectives": self.collectives, "ds_config": self.ds_config, "ds_config_path": self.config_path,
+            "collectives": self.collectives, "collectives_step": self._step,  # its time includes the counter's cost
+            "ds_config": self.ds_config, "ds_config_path": self.config_path,
         }
 
     def param_sq_sum(self) -> float:
