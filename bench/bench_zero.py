@@ -7,9 +7,10 @@ Per rank (rank 0's row): bytes DeepSpeed holds on its accelerator (on a CPU-only
 the GPU), bytes moved to the host by offload, and NVMe swap-file bytes; params / grads / fp32 master / Adam states
 (opt) / fp32 gradient partition at the step (fp32g) / buffers (reduce bucket, offload staging, NVMe swap buffers);
 the median step time of steps 1..n-2; collectives per step (calls, payload MB). CPU offload uses DeepSpeedCPUAdam
-(compiled once, ~60 s on 2 cores, cached in ~/.cache/torch_extensions). ``--nvme DIR`` adds a second table: ZeRO-3 in bf16 on a wider model (9.4M parameters,
-hidden 512: DeepSpeed swaps only tensors of ~1 MiB per rank or more, so the tiny model would write nothing) with
-nothing / CPU / NVMe offload of optimizer and parameters — needs DeepSpeed's async_io op (Debian's libaio-dev).
+(compiled once, ~60 s on 2 cores, cached in ~/.cache/torch_extensions). ``--nvme DIR`` adds a second table: ZeRO-3
+in bf16 on a wider model (9.4M parameters, hidden 512: DeepSpeed swaps only tensors of ~1 MiB per rank or more, so
+the tiny model would write nothing) with nothing / CPU / NVMe offload of optimizer and parameters — needs DeepSpeed's
+async_io op (Debian's libaio-dev).
 """
 from __future__ import annotations
 
