@@ -2,7 +2,7 @@
 
 Runs (module-scoped, shared by the tests): DDP and ZeRO 0-3 on 2 ranks in fp32 with 2 micro-batches per step (so
 DeepSpeed's gradient accumulation is exercised), ZeRO 1-3 on 4 ranks in bf16, and ZeRO-2 / ZeRO-3 with CPU offload.
-Every rank is checked. About 10 launches: ~3 minutes on 2 idle cores.
+Every rank is checked. Default tier: 9 launches (about 3-4 minutes on 2 idle cores); two more runs in the slow tier.
 """
 import json
 import re
@@ -31,6 +31,15 @@ RUNS = {
     "zero2-offload-2-fp32": (2, 2, "fp32", 2, dict(offload_optimizer="cpu", ds_optimizer=False)),
     "zero3-offload-2-fp32": (3, 2, "fp32", 2, dict(offload_optimizer="cpu", offload_param="cpu", ds_optimizer=False)),
 }
+# in the slow tier (scripts/test.sh --slow) to keep the default run short; the slow tier also runs ZeRO-3 offload
+# with DeepSpeedCPUAdam (test_zero_offload.py)
+SLOW = {"zero1-4-bf16", "zero3-offload-2-fp32"}
+
+
+def _names(keep=lambda name: True):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(RUNS) if keep(n)]
+
+
 # fp32 tolerance: DeepSpeed divides each gradient bucket by N and reduces it in other buckets and another order than
 # DDP's reducer, so results differ by float rounding only (~1e-7 relative per step, compounding through Adam); 1e-5
 # absolute on a loss of ~5.5 and 1e-6 relative on Σw² catch any real error (a wrong averaging factor, clipping left
@@ -78,7 +87,7 @@ def _losses(rec):
 
 
 # -- 1. equivalence ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", [n for n in RUNS if n.endswith("fp32")])
+@pytest.mark.parametrize("name", _names(lambda n: n.endswith("fp32")))
 def test_zero_equals_ddp_step_by_step(runs, name, no_orphans):
     ddp = runs("ddp")[0]
     recs = runs(name)
@@ -99,7 +108,7 @@ FIELDS = {"params": "params_bytes", "grads": "grads_bytes", "master": "master_by
           "grads_peak": "grads_peak_bytes"}
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", _names())
 def test_held_bytes_equal_deepspeed_layout(runs, name, no_orphans):
     stage, n, dtype, _, _ = RUNS[name]
     numels = layout.model_numels("tiny-llama")
@@ -167,7 +176,7 @@ def _known(name: str, stage: int, dtype: str) -> set:
     return k
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", _names())
 def test_held_bytes_equal_coursekit_memory(runs, name, no_orphans):
     stage, n, dtype, _, _ = RUNS[name]
     recs = runs(name)
@@ -188,7 +197,7 @@ def test_held_bytes_equal_coursekit_memory(runs, name, no_orphans):
 
 
 # -- 4. collectives per step == the volume model -----------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", _names())
 def test_collectives_equal_volume_model(runs, name, no_orphans):
     _, n, dtype, m, _ = RUNS[name]
     b = 4 if dtype == "fp32" else 2
