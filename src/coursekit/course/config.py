@@ -26,6 +26,9 @@ class LabSettings:
     """seconds for nbgrader's autograde of one submission (a hang that ignores SIGINT stalls it until then)"""
     cell_timeout: int | None = None
     """nbgrader's per-cell timeout for this lab (default: Execute.timeout of nbgrader_config.py)"""
+    ci_autograde: bool = False
+    """grade this lab under nbgrader's autograde in the default test tier too (the slow tier always does); leave
+    False for a lab whose notebook takes minutes: the default tier then re-checks it without nbgrader"""
 
     @classmethod
     def from_metadata(cls, meta: dict) -> "LabSettings":

@@ -183,9 +183,10 @@ def discover(course: Course, submissions: Path, labs: list[str]) -> list[tuple[s
 
 
 class Batch:
-    def __init__(self, course: Course, out: Path, labs: list[str], *, jobs: int, autograde: bool,
+    def __init__(self, course: Course, out: Path, labs: list[str], *, jobs: int, autograde: set[str],
                  timeout: float | None, call_timeout: float | None, progress=None):
-        self.course, self.out, self.jobs, self.autograde = course, Path(out), jobs, autograde
+        self.course, self.out, self.jobs = course, Path(out), jobs
+        self.autograde = autograde  # labs that nbgrader's autograde runs for, besides the re-check
         self.timeout, self.call_timeout = timeout, call_timeout
         self.progress = progress or (lambda msg: None)
         self.tmp = Path(tempfile.mkdtemp(prefix="coursekit-grade-"))
@@ -205,7 +206,7 @@ class Batch:
 
         for name in lab_names:
             self.labs[name] = read_lab(self.course, name)
-            if self.autograde and name in submitted:
+            if name in self.autograde and name in submitted:
                 self.templates[name] = prepare_template(self.course, self.labs[name], self.tmp / "template" / name)
 
     def run_one(self, student: str, lab_name: str, notebook: Path | None) -> Row:
@@ -225,7 +226,7 @@ class Batch:
         logs.mkdir(parents=True, exist_ok=True)
         job = {"root": str(self.course.root), "overrides": self.course.overrides, "lab": lab_name,
                "student": student, "notebook": str(notebook.resolve()), "workdir": str(work),
-               "template": str(self.templates.get(lab_name, "")), "autograde": self.autograde,
+               "template": str(self.templates.get(lab_name, "")), "autograde": lab_name in self.autograde,
                "log": str(work / "grader.log"), "student_log": str(logs / f"{lab_name}.student.log"),
                "call_timeout": self.call_timeout}
         msgs, killed = self._supervise(job, lab)
@@ -249,7 +250,7 @@ class Batch:
             row.nbgrader_score = ag.get("score")
             if not ag.get("success"):
                 reasons.append(f"nbgrader autograde failed: {ag.get('error') or 'unknown error'}")
-        elif recheck and self.autograde:
+        elif recheck and lab_name in self.autograde:
             reasons.append(f"nbgrader autograde: {killed or 'did not finish'}")
         if row.nbgrader_score is not None and row.nbgrader_score > row.score + 1e-9 and row.status == "graded":
             row.status = "flagged"
@@ -350,9 +351,11 @@ def write_csv(rows: list[Row], out: Path) -> None:
 
 
 def grade(course: Course, submissions: str | Path, out: str | Path, *, labs: list[str] | None = None,
-          jobs: int | None = None, autograde: bool = True, timeout: float | None = None,
+          jobs: int | None = None, autograde: bool | list[str] = True, timeout: float | None = None,
           call_timeout: float | None = None, progress=None) -> list[Row]:
-    """Grade every student × lab under ``submissions`` into ``out``; returns the rows (also in grades.csv)."""
+    """Grade every student × lab under ``submissions`` into ``out``; returns the rows (also in grades.csv).
+
+    ``autograde``: also run nbgrader's autograde (True: for every lab; a list: for those labs only)."""
     import psutil
 
     out = Path(out)
@@ -363,6 +366,7 @@ def grade(course: Course, submissions: str | Path, out: str | Path, *, labs: lis
         course.source_path(name)
     todo = discover(course, Path(submissions), lab_names)
     jobs = jobs or max(1, os.cpu_count() or 1)
+    autograde = set(lab_names if autograde is True else (autograde or []))
     batch = Batch(course, out, lab_names, jobs=jobs, autograde=autograde, timeout=timeout, call_timeout=call_timeout,
                   progress=progress)
     reaper = set_subreaper()
