@@ -152,26 +152,19 @@ def measured_vs_calculator(f, calc) -> dict:
 # Where `coursekit memory` (this commit) and DeepSpeed 0.19 disagree, with DeepSpeed's reason; sent to the
 # calculator's owner. Any other difference fails; a listed one that no longer differs fails too ("remove it").
 KNOWN_DIFFS = {
-    "master_weights": ("fp32 ZeRO 1-3 clone an fp32 master partition (4Ψ/N) even though the weights are fp32 "
-                       "(single_partition_of_fp32_groups / fp32_partitioned_groups_flat)"),
-    "step_grad_copy": ("fp32 ZeRO 1-3 still build a new fp32 gradient partition (4Ψ/N) at the step: "
-                       "flatten(averaged_gradients).to(fp32) copies"),
     "gradients": ("ZeRO-2 keeps the gradient of every parameter that overlaps its partition, whole "
                   "(grads_in_partition): more than Ψ·b/N by the parameters straddling partition boundaries"),
-    "cpu": ("ZeRO-Offload's host side also holds the fp32 master partition in fp32 runs, a partition-sized staging "
-            "copy of the weights and a largest-parameter gradient buffer (stages 1-2), and with grad accumulation "
-            "the overlapping parameters' gradients"),
+    "cpu": ("ZeRO-Offload stages 1-2: the host side also holds a partition-sized staging copy of the weights and "
+            "a largest-parameter gradient buffer, and with grad accumulation the overlapping parameters' gradients"),
 }
 
 
 def _known(name: str, stage: int, dtype: str) -> set:
     offload = "offload" in name
     k = set()
-    if dtype == "fp32" and stage >= 1 and not offload:
-        k |= {"master_weights", "step_grad_copy"}
     if stage == 2 and not offload:
         k.add("gradients")
-    if offload:
+    if offload and stage <= 2:  # ZeRO-3's host side is modelled exactly (fp32 master + states + grad partition)
         k.add("cpu")
     return k
 

@@ -102,6 +102,10 @@ def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str
     if engine == "deepspeed" and "nvme" in (offload, offload_params) and zero != 3:
         raise ConfigError("NVMe offload (ZeRO-Infinity) needs ZeRO stage 3")
     P, G, M, GC, S = PRECISIONS[precision]
+    if engine == "deepspeed" and zero >= 1 and precision == "fp32":
+        # DeepSpeed's ZeRO optimizers clone an fp32 master partition even when the weights are fp32 already
+        # (single_partition_of_fp32_groups / fp32_partitioned_groups_flat) — measured, tests/test_zero.py
+        M = 4
     K = S * OPTIMIZERS[optimizer]
     N = shard
     counters = 4 * param_tensors if optimizer in STEP_COUNTER_OPTIMIZERS and engine != "deepspeed" else 0
@@ -124,7 +128,9 @@ def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str
                   master=M * params / part["opt"], state=K * params / part["opt"] + counters,
                   gc=GC * params / part["opt"])
     # DeepSpeed materialises an fp32 copy of the gradient partition at the step (unless grads are fp32 already)
-    step_copy = 4 * params / part["opt"] if engine == "deepspeed" and M and G != 4 and not GC else 0.0
+    # (in fp32 runs too: flatten(averaged_gradients) copies even fp32 gradients — measured)
+    fp32_run = engine == "deepspeed" and precision == "fp32" and zero >= 1
+    step_copy = 4 * params / part["opt"] if engine == "deepspeed" and M and (G != 4 or fp32_run) and not GC else 0.0
     temps = (M or P) * params if engine == "ddp" else 0.0  # torch foreach AdamW temporaries; FusedAdam has none
     cpu = nvme = 0.0
     if offload != "none":
