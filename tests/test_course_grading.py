@@ -25,7 +25,8 @@ def hanging_job(pid_dir, ignore_sigint: bool) -> str:
     job = ("import os, time; open(os.path.join(%r, 'pid-' + os.environ['RANK']), 'w')"
            ".write(f'{os.getpid()} {os.getppid()}'); time.sleep(600)" % str(pid_dir))
     guard = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n" if ignore_sigint else ""
-    return f"{guard}from coursekit.launch import launch_code\nlaunch_code({job!r}, nproc=2, timeout=600)\n" + RIGHT_SQUARE
+    launch = f"from coursekit.launch import launch_code\nlaunch_code({job!r}, nproc=2, timeout=600)\n"
+    return guard + launch + RIGHT_SQUARE
 
 
 @pytest.fixture(scope="module")

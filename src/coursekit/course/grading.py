@@ -139,7 +139,8 @@ def worker_main() -> int:
     except Exception as e:  # noqa: BLE001
         tests = [TestResult(t.grade_id, ex.name, t.points, 0.0, False, "notebook not readable")
                  for ex in lab.exercises for t in ex.tests]
-        emit({"phase": "recheck", "result": RecheckResult(lab.name, tests, [f"not a readable notebook: {e}"]).to_dict()})
+        result = RecheckResult(lab.name, tests, [f"not a readable notebook: {e}"])
+        emit({"phase": "recheck", "result": result.to_dict()})
         emit({"phase": "done"})
         return 0
     t0 = time.monotonic()
