@@ -44,6 +44,38 @@ def _region(path: str) -> str:
     return f"{prefix}.{m.group(2)}"
 
 
+def _capture(model: torch.nn.Module, input_ids, labels, forward_kwargs, on_new, track_modules: bool) -> None:
+    """Run one forward; call ``on_new(tensor, module_path)`` once per distinct saved storage (parameters and
+    buffers excluded). Every packed tensor is held until the end: a freed storage could hand its address to a new
+    one."""
+    excluded = {_storage_key(t) for t in model.parameters()} | {_storage_key(t) for t in model.buffers()}
+    seen: set[int] = set()
+    keep: list[torch.Tensor] = []
+    stack: list[str] = []
+    handles = []
+    if track_modules:
+        for name, mod in model.named_modules():
+            handles.append(mod.register_forward_pre_hook(lambda m, a, _n=name: stack.append(_n)))
+            handles.append(mod.register_forward_hook(lambda m, a, o: _pop(stack)))
+
+    def pack(t: torch.Tensor):
+        key = _storage_key(t)
+        if key not in excluded and key not in seen:
+            seen.add(key)
+            keep.append(t)
+            on_new(t, stack[-1] if stack else "")
+        return t
+
+    forward_kwargs.setdefault("use_cache", False)
+    try:
+        with _meta_friendly(input_ids), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(input_ids=input_ids, labels=labels, **forward_kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    del out, keep
+
+
 def saved_activation_bytes(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor | None = None, *,
                            breakdown: bool = False, **forward_kwargs) -> dict:
     """Saved-for-backward bytes of one forward pass ``model(input_ids, labels=labels)`` (embedding to loss).
@@ -54,39 +86,17 @@ def saved_activation_bytes(model: torch.nn.Module, input_ids: torch.Tensor, labe
     and loss). Pass ``use_cache=False`` implicitly; extra keyword arguments go to the forward call.
     Works on any device, the meta device included. The model's train/eval mode is left as the caller set it.
     """
-    excluded = {_storage_key(t) for t in model.parameters()} | {_storage_key(t) for t in model.buffers()}
-    seen: dict[int, tuple[int, str, torch.dtype]] = {}
-    keep: list[torch.Tensor] = []  # hold every packed tensor: a freed storage could hand its address to a new one
-    stack: list[str] = []
-    handles = []
-    if breakdown:
-        for name, mod in model.named_modules():
-            handles.append(mod.register_forward_pre_hook(lambda m, a, _n=name: stack.append(_n)))
-            handles.append(mod.register_forward_hook(lambda m, a, o: _pop(stack)))
-
-    def pack(t: torch.Tensor):
-        key = _storage_key(t)
-        if key not in excluded and key not in seen:
-            seen[key] = (t.untyped_storage().nbytes(), stack[-1] if stack else "", t.dtype)
-            keep.append(t)
-        return t
-
-    forward_kwargs.setdefault("use_cache", False)
-    try:
-        with _meta_friendly(input_ids), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(input_ids=input_ids, labels=labels, **forward_kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    rows: list[tuple[int, str, torch.dtype]] = []  # (storage bytes, innermost module, dtype) per distinct storage
+    _capture(model, input_ids, labels, forward_kwargs,
+             lambda t, path: rows.append((t.untyped_storage().nbytes(), path, t.dtype)), track_modules=breakdown)
     result = {
-        "total_bytes": sum(n for n, _, _ in seen.values()),
-        "count": len(seen),
-        "by_dtype": dict(_sum_by(seen.values(), lambda v: str(v[2]).removeprefix("torch."))),
+        "total_bytes": sum(n for n, _, _ in rows),
+        "count": len(rows),
+        "by_dtype": dict(_sum_by(rows, lambda v: str(v[2]).removeprefix("torch."))),
     }
     if breakdown:
-        result["by_module"] = dict(_sum_by(seen.values(), lambda v: v[1]))
-        result["by_layer"] = dict(_sum_by(seen.values(), lambda v: _region(v[1])))
-    del out, keep
+        result["by_module"] = dict(_sum_by(rows, lambda v: v[1]))
+        result["by_layer"] = dict(_sum_by(rows, lambda v: _region(v[1])))
     return result
 
 
@@ -127,27 +137,8 @@ def saved_tensors_listing(model: torch.nn.Module, input_ids: torch.Tensor, label
     (innermost module path, the saved tensor's own grad_fn name, shape, dtype, storage bytes).
     A pack hook cannot see which op saves a tensor; the tensor's grad_fn says which op made it."""
     rows = []
-    excluded = {_storage_key(t) for t in model.parameters()} | {_storage_key(t) for t in model.buffers()}
-    seen, keep, stack, handles = set(), [], [], []
-    for name, mod in model.named_modules():
-        handles.append(mod.register_forward_pre_hook(lambda m, a, _n=name: stack.append(_n)))
-        handles.append(mod.register_forward_hook(lambda m, a, o: _pop(stack)))
-
-    def pack(t):
-        key = _storage_key(t)
-        if key not in excluded and key not in seen:
-            seen.add(key)
-            keep.append(t)
-            rows.append((stack[-1] if stack else "", type(t.grad_fn).__name__ if t.grad_fn else "-",
-                         tuple(t.shape), str(t.dtype).removeprefix("torch."), t.untyped_storage().nbytes()))
-        return t
-
-    forward_kwargs.setdefault("use_cache", False)
-    try:
-        with _meta_friendly(input_ids), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(input_ids=input_ids, labels=labels, **forward_kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    del out, keep
+    _capture(model, input_ids, labels, forward_kwargs,
+             lambda t, path: rows.append((path, type(t.grad_fn).__name__ if t.grad_fn else "-", tuple(t.shape),
+                                          str(t.dtype).removeprefix("torch."), t.untyped_storage().nbytes())),
+             track_modules=True)
     return rows
