@@ -11,12 +11,16 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-def meta_param_count(hf_kwargs: dict) -> int:
+def meta_numels(hf_kwargs: dict) -> tuple[int, ...]:
     d = dict(hf_kwargs)
     cls = {"llama": transformers.LlamaConfig, "gpt2": transformers.GPT2Config}[d.pop("model_type")]
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cls(**d))
-    return sum(p.numel() for p in model.parameters())  # tied weights are one Parameter: counted once
+    return tuple(p.numel() for p in model.parameters())  # tied weights are one Parameter: counted once
+
+
+def meta_param_count(hf_kwargs: dict) -> int:
+    return sum(meta_numels(hf_kwargs))
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -32,6 +36,18 @@ def test_preset_param_count_equals_meta_model(name):
 ], ids=["llama-odd", "gpt2-untied"])
 def test_explicit_shapes_equal_meta_model(shape):
     assert shape.num_params() == meta_param_count(to_hf_config_dict(shape))
+    assert shape.param_numels() == meta_numels(to_hf_config_dict(shape))
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_tensor_list_equals_meta_model_in_order(name):
+    """``param_numels`` (DeepSpeed's flattening order, hence ZeRO-1/2 partition boundaries) is the real model's
+    ``parameters()`` list. Deep models are cut to 2 layers: the list repeats per layer."""
+    shape = preset(name)
+    shape = shape.with_(layers=min(shape.layers, 2))
+    numels = shape.param_numels()
+    assert numels == meta_numels(to_hf_config_dict(shape))
+    assert len(numels) == shape.num_param_tensors() and sum(numels) == shape.num_params()
 
 
 def test_config_json_round_trip(tmp_path):

@@ -161,6 +161,34 @@ class ModelShape:
         """How many parameter tensors the HF model has (``len(list(model.parameters()))``, tied weights once)."""
         return sum(x.tensors * (self.layers if x.per_layer else 1) for x in self.param_terms())
 
+    def param_numels(self) -> tuple[int, ...]:
+        """Sizes of the HF model's parameter tensors in ``model.parameters()`` order (tied weights once).
+
+        This is the order DeepSpeed flattens them in, so ZeRO-1/2 partition boundaries (and which parameters
+        straddle them) follow from it; ``coursekit.memory.deepspeed`` uses it for DeepSpeed's exact layout.
+        """
+        return _param_numels(self)
+
+    def _param_numels(self) -> tuple[int, ...]:
+        h, f, V = self.hidden, self.ffn, self.vocab
+        qw, kw = self.q_width, self.kv_width
+        norm = [h, h] if self.norm == "layernorm" else [h]
+        qb, mb = self.qkv_bias, self.mlp_bias
+
+        def linear(n_in, n_out, bias):
+            return [n_in * n_out] + ([n_out] if bias else [])
+
+        first = [V * h] + ([self.max_positions * h] if self.positions == "learned" else [])
+        if self.arch == "gpt2":  # wte, wpe; ln_1, c_attn, c_proj, ln_2, c_fc, c_proj; ln_f
+            layer = (norm + linear(h, qw + 2 * kw, qb) + linear(qw, h, qb) + norm + linear(h, f, mb)
+                     + linear(f, h, mb))
+        else:  # embed_tokens; q, k, v, o, gate, up, down, input_layernorm, post_attention_layernorm; norm
+            mlp_in = linear(h, f, mb) * (2 if self.mlp == "swiglu" else 1)
+            layer = (linear(h, qw, qb) + linear(h, kw, qb) + linear(h, kw, qb) + linear(qw, h, qb) + mlp_in
+                     + linear(f, h, mb) + norm + norm)
+        last = norm + ([] if self.tied_embeddings else [V * h])
+        return tuple(first + layer * self.layers + last)
+
     def local_tensors(self) -> tuple[int, int, int]:
         """Parameter tensors per layer, on the first stage only, on the last stage only."""
         out = {"layer": 0, "first": 0, "last": 0}
@@ -194,6 +222,11 @@ class ModelShape:
 @lru_cache(maxsize=1024)  # shapes are immutable; the solvers and grids ask the same shape thousands of times
 def _num_params(shape: ModelShape) -> int:
     return sum(shape.param_table().values())
+
+
+@lru_cache(maxsize=1024)
+def _param_numels(shape: ModelShape) -> tuple[int, ...]:
+    return shape._param_numels()
 
 
 @lru_cache(maxsize=4096)
