@@ -63,6 +63,8 @@ def test_config_json_path_and_solver(tmp_path):
     (["--model", "llama3-8b", "--batch", "0", "--seq", "1024"], "batch must be > 0"),
     (["--model", "llama3-8b", "--seq", "1024"], "--batch is required"),
     (["--model", "llama3-8b", "--batch", "1", "--seq", "1024", "--world", "6", "--tp", "4"], "not divisible"),
+    (["--model", "llama3-8b", "--batch", "1", "--seq", "1024", "--dp", "4", "--zero", "2", "--dp-rank", "4"],
+     "dp_rank (4) must be below the sharding degree (4)"),
 ])
 def test_errors_exit_2(args, message, capsys):
     assert main(args + ["--json"]) == 2

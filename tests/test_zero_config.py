@@ -103,3 +103,80 @@ def test_expected_collectives_are_the_papers_volume(stage, volume):
 def test_stage2_reduces_every_micro_batch_stage1_once():
     assert comm.expected(1, 100, 2, micro_batches=4)["reduce"] == 400
     assert comm.expected(2, 100, 2, micro_batches=4)["reduce"] == 4 * 400
+
+
+def test_per_rank_overlap_equals_the_partition_walk():
+    """The calculator's O(tensors + ranks) per-rank sums against DeepSpeed's partition rule, tensor by tensor."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        numels = [rng.choice([1, 3, 64, 100, 4096]) * rng.randint(1, 9) for _ in range(rng.randint(1, 30))]
+        n = rng.choice([1, 2, 3, 4, 8, 64])
+        per = layout.overlap_numels(tuple(numels), n)
+        for r in range(n):
+            assert per[r] == sum(numels[i] for i in layout.partition_params(numels, n, r)), (numels, n, r)
+        assert per[layout.fullest_rank(numels, n)] == max(per)
+
+
+def test_calculator_uses_deepspeeds_layout_on_every_rank():
+    """`coursekit memory` (pure Python, from the preset's tensor list) equals the layout from the real model's
+    parameters, per rank, for a model whose Ψ is not a multiple of 2N (padding) and whose boundaries straddle."""
+    from coursekit.memory import estimate
+
+    numels = layout.model_numels("tiny-gpt2")
+    n = 3
+    assert sum(numels) % (2 * n)  # padding matters
+    for stage in (1, 2, 3):
+        for dtype in ("fp32", "bf16"):
+            for rank in range(n):
+                want = layout.deepspeed_bytes(numels, stage=stage, world=n, rank=rank, dtype=dtype)
+                e = estimate("tiny-gpt2", batch=1, seq=16, dtype=dtype, dp=n, zero=stage, dp_rank=rank)
+                c = e.categories
+                assert e.dp_rank == rank
+                assert (c["parameters"], c["master_weights"], c["optimizer_states"], c["step_grad_copy"]) == (
+                    want["params"], want["master"], want["optimizer"], want["fp32_grads"])
+                assert c["gradients"] == (want["grads_peak"] if stage == 1 else want["grads"])
+    grads = [estimate("tiny-gpt2", batch=1, seq=16, dp=n, zero=2, dp_rank=r).categories["gradients"]
+             for r in range(n)]
+    assert len(set(grads)) > 1  # the ranks really differ here
+    assert estimate("tiny-gpt2", batch=1, seq=16, dp=n, zero=2).categories["gradients"] == max(grads)
+
+
+def test_calculator_offload_host_side_is_deepspeeds():
+    """ZeRO-Offload stages 1-2: host = fp32 master + states + fp32 grad partition + DeepSpeed's staging copy of the
+    partition and one largest-parameter gradient buffer (+ accumulated gradients with several micro-batches); the
+    accelerator keeps one largest-parameter gradient buffer."""
+    from coursekit.memory import estimate
+
+    numels = layout.model_numels("tiny-llama")
+    for stage in (1, 2):
+        for m in (1, 2):
+            want = layout.deepspeed_bytes(numels, stage=stage, world=2, rank=1, offload_optimizer="cpu",
+                                          micro_batches=m)
+            e = estimate("tiny-llama", batch=1, seq=16, dtype="fp32", dp=2, zero=stage, offload="cpu",
+                         microbatches=m, dp_rank=1, runtime_bytes=0)
+            assert e.cpu_bytes == sum(want["tiers"]["cpu"].values())
+            assert e.categories["master_weights"] == e.categories["optimizer_states"] == 0
+            assert e.categories["communication_buckets"] >= 4 * max(numels)
+
+
+def test_calculator_nvme_files_follow_deepspeeds_swap_rules():
+    """ZeRO-Infinity writes a tensor to a file only from 1 MiB up: nothing of tiny-llama, most of a wider model;
+    what is not written stays in host memory. (Measured against live runs in test_zero_offload.py.)"""
+    from coursekit.memory import ModelShape, estimate
+    from coursekit.memory.deepspeed import nvme_file_bytes
+
+    kw = dict(batch=1, seq=16, dp=2, zero=3, offload="nvme", offload_params="nvme")
+    tiny = estimate("tiny-llama", **kw)
+    part = sum(-(-x // 2) for x in layout.model_numels("tiny-llama"))
+    assert tiny.nvme_bytes == 0 and tiny.cpu_bytes == (2 + 4 + 8 + 4) * part  # all on the host
+    wide = ModelShape(arch="llama", layers=2, hidden=528, heads=8, ffn=1100, vocab=4001, max_positions=128)
+    files = nvme_file_bytes(wide.param_numels(), world=2)
+    e = estimate(wide, **kw)
+    assert e.nvme_bytes == files["params"] + files["optimizer"] + files["grads"]
+    assert files["params"] and files["optimizer"] and files["grads"] and files["kept_params"]
+    assert e.categories["parameters"] == e.categories["master_weights"] == e.categories["optimizer_states"] == 0
+    assert e.cpu_bytes == 4 * sum(-(-x // 2) for x in wide.param_numels()) + files["kept_params"]
+    for n in wide.param_numels():  # every file: a whole, aligned partition of at least 1 MiB
+        assert nvme_file_bytes([n], world=2, offload_optimizer="none")["params"] in (0, -(-(n // 2) // 512) * 1024)

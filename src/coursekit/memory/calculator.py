@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coursekit.memory import deepspeed
 from coursekit.memory.activations import DTYPE_BYTES, ActivationReport, activation_bytes
 from coursekit.memory.config import TrainConfig
 from coursekit.memory.errors import ConfigError
@@ -68,6 +69,7 @@ class Estimate:
     gpu: str | None = None
     gpu_memory_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    dp_rank: int = 0  # the data-parallel rank reported (DeepSpeed ZeRO-1/2: the fullest unless config.dp_rank)
 
     @property
     def activations_bytes(self) -> int:
@@ -95,7 +97,7 @@ class Estimate:
              "activations_bytes": self.activations_bytes}
         d.update({f"{k}_bytes": v for k, v in self.categories.items()})
         d.update(peak_bytes=self.peak_bytes, peak_phase=self.peak_phase, phases=dict(self.phases),
-                 pp_stage=self.pp_stage, cpu_bytes=self.cpu_bytes, nvme_bytes=self.nvme_bytes, gpu=self.gpu,
+                 pp_stage=self.pp_stage, dp_rank=self.dp_rank, cpu_bytes=self.cpu_bytes, nvme_bytes=self.nvme_bytes, gpu=self.gpu,
                  gpu_memory_bytes=self.gpu_memory_bytes, fits=self.fits,
                  activation_terms={"per_layer": dict(self.activations.per_layer), "layers": self.activations.layers,
                                    "embed": dict(self.activations.embed), "shared": dict(self.activations.shared),
@@ -154,14 +156,23 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     base, extra = divmod(shape.layers, c.pp)
     stages = [0] if c.pp == 1 else [0, c.pp - 1]  # middle stages are dominated by stage 0
     best = None
+    # DeepSpeed's exact layout needs the tensors each rank flattens: known without TP/PP, for 16Ψ and fp32 states
+    exact = c.engine == "deepspeed" and c.tp == 1 and c.pp == 1 and c.precision in ("16psi", "fp32")
+    dp_rank = c.dp_rank if c.dp_rank is not None else 0
     for i in stages:
         layers = base + (1 if i < extra else 0)
         is_first, is_last = i == 0, i == c.pp - 1
         params = layers * per_layer + (first if is_first else 0) + (last + tied_copy if is_last else 0)
         tensors = layers * t_layer + (t_first if is_first else 0) + (t_last + bool(tied_copy) if is_last else 0)
-        st = model_state_bytes(params, precision=c.precision, optimizer=c.optimizer, engine=c.engine, zero=c.zero,
-                               shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params,
-                               param_tensors=tensors)
+        if exact:  # the whole model on every rank: DeepSpeed's layout from the tensor list
+            st, dp_rank = deepspeed.state_bytes(shape.param_numels(), precision=c.precision, dtype=c.dtype,
+                                                optimizer=c.optimizer, zero=c.zero, shard=c.shard_degree,
+                                                rank=c.dp_rank, offload=c.offload, offload_params=c.offload_params,
+                                                micro_batches=c.microbatches)
+        else:
+            st = model_state_bytes(params, precision=c.precision, optimizer=c.optimizer, engine=c.engine,
+                                   zero=c.zero, shard=c.shard_degree, offload=c.offload,
+                                   offload_params=c.offload_params, param_tensors=tensors)
         in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
         saved = in_flight * acts.stage_bytes(layers, is_first, is_last)
         logits = 0
@@ -172,6 +183,7 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
             logits = 8 * c.batch * (c.seq // c.cp) * v_loc
         units = _units(c, P, layers, per_layer, first if is_first else 0, (last + tied_copy) if is_last else 0)
         comm_bwd, comm_step = _buckets(c, P, params, units["largest"])
+        comm_bwd, comm_step = comm_bwd + st.offload_buffers, comm_step + st.offload_buffers
         cats = {"parameters": st.parameters, "gradients": st.gradients, "master_weights": st.master_weights,
                 "optimizer_states": st.optimizer_states, "grad_copy": st.grad_copy,
                 "step_grad_copy": st.step_grad_copy, "optimizer_temporaries": st.step_temporaries,
@@ -193,10 +205,16 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     notes = list(acts.notes)
     if shape.positions == "rope" and c.seq > shape.max_positions:
         notes.append(f"seq {c.seq} exceeds the model's max_position_embeddings ({shape.max_positions})")
+    if "nvme" in (c.offload, c.offload_params):
+        notes.append("NVMe: swap-file bytes; host memory also holds DeepSpeed's pinned swap buffers (buffer_count x "
+                     "buffer size in the config), not counted here")
+    if c.engine == "deepspeed" and not exact:
+        notes.append("model states from the Ψ formula: DeepSpeed's exact layout (padding, per-rank gradient "
+                     "partitions, offload staging) is modelled without TP/PP and for 16psi / fp32 only")
     if c.impl == "hf" and c.kernels == "cuda":
         notes.append("hf-cuda activation profile is modelled from CUDA kernel signatures (measured profile: hf-cpu)")
     return Estimate(shape.name, shape.num_params(), params, c, st.convention, acts, cats, phases, stage,
-                    st.cpu, st.nvme, g.name if g else None, g.memory_bytes if g else None, notes)
+                    st.cpu, st.nvme, g.name if g else None, g.memory_bytes if g else None, notes, dp_rank)
 
 
 def _units(c: TrainConfig, P: int, layers: int, per_layer: int, embed: int, head: int) -> dict[str, int]:

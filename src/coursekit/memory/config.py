@@ -63,6 +63,9 @@ class TrainConfig:
     """Optimizer-state offload: none, cpu, nvme."""
     offload_params: str = "none"
     """Parameter offload (ZeRO-3 / FSDP2): none, cpu, nvme."""
+    dp_rank: int | None = None
+    """Which data-parallel (sharding) rank to report: DeepSpeed ZeRO-1/2 ranks hold slightly different gradient
+    bytes (see coursekit.memory.deepspeed); None: the rank holding the most."""
     gpu: str | None = None
     """GPU name for the fit check (see coursekit.memory.gpus)."""
     runtime_bytes: int = DEFAULT_RUNTIME_BYTES
@@ -122,6 +125,10 @@ class TrainConfig:
             raise ConfigError(f"seq ({self.seq}) is not divisible by cp ({self.cp})")
         if self.sp and self.tp > 1 and (self.seq // self.cp) % self.tp:
             raise ConfigError(f"sequence parallelism needs seq/cp ({self.seq // self.cp}) divisible by tp ({self.tp})")
+        if self.dp_rank is not None:
+            s("dp_rank", positive_int("dp_rank", self.dp_rank, allow_zero=True))
+            if self.dp_rank >= self.shard_degree:
+                raise ConfigError(f"dp_rank ({self.dp_rank}) must be below the sharding degree ({self.shard_degree})")
         s("runtime_bytes", positive_int("runtime_bytes", self.runtime_bytes, allow_zero=True))
         s("bucket_elems", positive_int("bucket_elems", self.bucket_elems))
 

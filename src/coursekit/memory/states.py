@@ -66,6 +66,7 @@ class StateBytes:
     cpu: int
     nvme: int
     convention: str
+    offload_buffers: int = 0  # DeepSpeed ZeRO-Offload (stages 1-2): the accelerator's one-parameter gradient buffer
 
     @property
     def resident(self) -> int:
@@ -82,25 +83,8 @@ def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str
     ``param_tensors``: parameter tensors on this rank. torch's Adam/AdamW keep a 4-byte fp32 ``step`` counter per
     tensor (engines ``ddp`` and ``fsdp2``, whose optimizers see every tensor; DeepSpeed steps flat partitions).
     """
-    choice("precision", precision, PRECISIONS)
-    choice("optimizer", optimizer, OPTIMIZERS)
-    choice("engine", engine, ENGINES)
-    choice("offload", offload, OFFLOAD)
-    choice("offload_params", offload_params, OFFLOAD)
-    if zero not in (0, 1, 2, 3):
-        raise ConfigError(f"zero stage must be 0, 1, 2 or 3, got {zero!r}")
-    if engine != "deepspeed" and zero:
-        raise ConfigError(f"zero stages are DeepSpeed's; engine {engine!r} takes zero 0")
-    if offload_params != "none" and not (engine == "fsdp2" or zero == 3):
-        raise ConfigError("parameter offload needs ZeRO-3 or FSDP2 (parameters must be sharded)")
-    if engine == "fsdp2" and "nvme" in (offload, offload_params):
-        raise ConfigError("FSDP2 offloads to the CPU only (CPUOffloadPolicy); NVMe offload is DeepSpeed's")
-    if engine == "ddp" and (offload != "none"):
-        raise ConfigError("DDP has no offload; use DeepSpeed ZeRO or FSDP2")
-    if engine == "deepspeed" and offload != "none" and zero == 0:
-        raise ConfigError("DeepSpeed offloads optimizer state with ZeRO stage 1, 2 or 3, not 0")
-    if engine == "deepspeed" and "nvme" in (offload, offload_params) and zero != 3:
-        raise ConfigError("NVMe offload (ZeRO-Infinity) needs ZeRO stage 3")
+    check_options(precision=precision, optimizer=optimizer, engine=engine, zero=zero, offload=offload,
+                  offload_params=offload_params)
     P, G, M, GC, S = PRECISIONS[precision]
     if engine == "deepspeed" and zero >= 1 and precision == "fp32":
         # DeepSpeed's ZeRO optimizers clone an fp32 master partition even when the weights are fp32 already
@@ -156,6 +140,30 @@ def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str
     if step_copy:
         text += "; +4Ψ/N fp32 gradient partition at the optimizer step (DeepSpeed)"
     return _result(shards, step_copy, temps, cpu, nvme, text)
+
+
+def check_options(*, precision: str, optimizer: str, engine: str, zero: int, offload: str,
+                  offload_params: str) -> None:
+    """Raise ConfigError for a combination no engine supports (shared by the formula and DeepSpeed's layout)."""
+    choice("precision", precision, PRECISIONS)
+    choice("optimizer", optimizer, OPTIMIZERS)
+    choice("engine", engine, ENGINES)
+    choice("offload", offload, OFFLOAD)
+    choice("offload_params", offload_params, OFFLOAD)
+    if zero not in (0, 1, 2, 3):
+        raise ConfigError(f"zero stage must be 0, 1, 2 or 3, got {zero!r}")
+    if engine != "deepspeed" and zero:
+        raise ConfigError(f"zero stages are DeepSpeed's; engine {engine!r} takes zero 0")
+    if offload_params != "none" and not (engine == "fsdp2" or zero == 3):
+        raise ConfigError("parameter offload needs ZeRO-3 or FSDP2 (parameters must be sharded)")
+    if engine == "fsdp2" and "nvme" in (offload, offload_params):
+        raise ConfigError("FSDP2 offloads to the CPU only (CPUOffloadPolicy); NVMe offload is DeepSpeed's")
+    if engine == "ddp" and (offload != "none"):
+        raise ConfigError("DDP has no offload; use DeepSpeed ZeRO or FSDP2")
+    if engine == "deepspeed" and offload != "none" and zero == 0:
+        raise ConfigError("DeepSpeed offloads optimizer state with ZeRO stage 1, 2 or 3, not 0")
+    if engine == "deepspeed" and "nvme" in (offload, offload_params) and zero != 3:
+        raise ConfigError("NVMe offload (ZeRO-Infinity) needs ZeRO stage 3")
 
 
 def _result(shards, step_copy, temps, cpu, nvme, text) -> StateBytes:

@@ -1,0 +1,213 @@
+"""Per-rank bytes DeepSpeed 0.19 holds, exactly, from the model's parameter list (pure Python).
+
+The textbook works with Ψ alone (``coursekit.memory.states``). DeepSpeed's real layout adds details, all visible in
+``deepspeed/runtime/zero/stage_1_and_2.py`` and ``stage3.py``; ``coursekit memory`` uses this layout whenever it
+knows the model's tensors (a preset or a config.json, without TP/PP), and tests/test_zero.py checks it against
+what live DeepSpeed engines hold on every rank:
+
+1. **Padding.** ZeRO-1/2 flatten all parameters into one buffer padded to a multiple of 2N elements and give each
+   rank P = padded/N of it. ZeRO-3 partitions every parameter on its own, ceil(numel/N) elements per rank.
+2. **Gradient partition of ZeRO-1/2.** At the end of backward each rank keeps the gradients of every parameter
+   that *overlaps* its partition, whole (``grads_in_partition``): a parameter straddling a partition boundary is
+   held by both neighbours. So the bytes differ by rank and exceed Ψ/N by up to one parameter per boundary.
+3. **fp32 copies even in fp32.** ZeRO 1-3 clone an fp32 master partition from the weights (also when the weights
+   are fp32 already) and build an fp32 gradient partition at the step (``flatten(grads).to(fp32)`` — a new tensor).
+4. **ZeRO-Offload staging (stages 1-2).** The host keeps a working-precision copy of the partition
+   (``param_buffer_of_bit16_for_cpu_offload``) and a largest-parameter gradient buffer; the accelerator keeps one
+   largest-parameter gradient buffer too. With several micro-batches per step the gradients of the parameters
+   overlapping the partition accumulate on the host, whole (``accumulated_grads_in_cpu``).
+
+Assumed, as the course's trainer does: one parameter group in ``model.parameters()`` order and an optimizer whose
+state is ``states`` fp32 tensors per element (Adam: 2).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
+CATEGORIES = ("params", "grads", "fp32_grads", "master", "optimizer", "buffers")
+
+
+def padded(total: int, world: int) -> int:
+    """ZeRO-1/2's flat buffer length: a multiple of 2N (nccl_start_alignment_factor 2 x data-parallel size)."""
+    align = 2 * world
+    return math.ceil(total / align) * align
+
+
+def partition_params(numels, world: int, rank: int) -> list[int]:
+    """Indices of the parameters that overlap ``rank``'s ZeRO-1/2 partition (DeepSpeed's ``get_partition_info``)."""
+    size = padded(sum(numels), world) // world
+    start, end = size * rank, size * (rank + 1)
+    out, cur = [], 0
+    for i, n in enumerate(numels):
+        if start <= cur < end or cur < start < cur + n:
+            out.append(i)
+        cur += n
+    return out
+
+
+@lru_cache(maxsize=256)
+def overlap_numels(numels: tuple[int, ...], world: int) -> tuple[int, ...]:
+    """Per rank: elements of the parameters overlapping its ZeRO-1/2 partition (O(tensors + ranks))."""
+    size = padded(sum(numels), world) // world
+    diff = [0] * (world + 1)
+    cur = 0
+    for n in numels:
+        if n:
+            first, last = cur // size, min((cur + n - 1) // size, world - 1)
+            diff[first] += n
+            diff[last + 1] -= n
+        cur += n
+    out, run = [], 0
+    for r in range(world):
+        run += diff[r]
+        out.append(run)
+    return tuple(out)
+
+
+def fullest_rank(numels, world: int) -> int:
+    """The rank whose ZeRO-1/2 gradient partition holds the most elements (the first one, if several)."""
+    per = overlap_numels(tuple(numels), world)
+    return per.index(max(per))
+
+
+def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "fp32",
+                    reduce_bucket_size: int = 500_000, offload_optimizer: str = "none",
+                    offload_param: str = "none", micro_batches: int = 1, states: int = 2) -> dict:
+    """{category: bytes} on ``rank`` for a DeepSpeed engine whose optimizer keeps ``states`` fp32 tensors per
+    element, as measured by ``coursekit.strategies.zero`` (params/grads/buffers at the end of backward, the rest
+    inside the step), plus ``tiers``: the same bytes split into "accelerator" and "cpu" (what offload moves).
+
+    ``grads_peak`` is the gradient bytes when the last gradient arrives (stages 0-1; None where it depends on
+    bucket timing); ``scalars`` is None under offload (per-parameter norms DeepSpeed keeps as 1-element tensors).
+    NVMe offload is not split here: "cpu" then means "off the accelerator" (see ``coursekit.zero.held.nvme_bytes``).
+    """
+    numels = tuple(numels)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank!r}")
+    b = ELEM[dtype]
+    psi = sum(numels)
+    K = 4 * states
+    out = dict(params=0, grads=0, fp32_grads=0, master=0, optimizer=0, buffers=0, scalars=0, grads_peak=None)
+    host_buffers = 0
+    if stage == 0:
+        out |= dict(params=b * psi, grads=b * psi, optimizer=K * psi, grads_peak=b * psi)
+        if dtype == "fp32":
+            out["scalars"] = 4 * len(numels)  # one fp32 'step' per parameter tensor
+        else:  # FP16_UnfusedOptimizer: fp32 copies of every weight, their grads at the step
+            out |= dict(master=4 * psi, fp32_grads=4 * psi, scalars=4 * len(numels))
+    elif stage in (1, 2):
+        part = padded(psi, world) // world
+        mine = overlap_numels(numels, world)[rank]
+        out |= dict(params=b * padded(psi, world), grads=b * mine, master=4 * part,
+                    optimizer=K * part, fp32_grads=4 * part, scalars=8)  # step + grad norm (fp32)
+        out["grads_peak"] = b * psi if stage == 1 else None
+        if offload_optimizer != "none":  # gradients stream into the host's fp32 partition during backward
+            host_buffers = b * (part + max(numels))
+            accumulated = b * mine if micro_batches > 1 else 0
+            out |= dict(grads=accumulated, buffers=host_buffers + b * max(numels), scalars=None)
+            out["grads_peak"] = b * psi if stage == 1 else accumulated
+    elif stage == 3:
+        part = sum(math.ceil(n / world) for n in numels)
+        out |= dict(params=b * part, grads=b * part, master=4 * part, optimizer=K * part, fp32_grads=4 * part,
+                    buffers=b * reduce_bucket_size, scalars=13)  # step 4 + grad norm fp64 8 + overflow flag 1
+        out["grads_peak"] = b * part
+        if offload_optimizer != "none" or offload_param != "none":
+            out["scalars"] = None
+    else:
+        raise ValueError(f"ZeRO stage must be 0-3, got {stage!r}")
+    host = set()
+    if offload_optimizer != "none":
+        host |= {"master", "optimizer", "fp32_grads"} | ({"grads"} if stage in (1, 2) else set())
+    if offload_param != "none":
+        host.add("params")
+    out["tiers"] = {"cpu": {c: out[c] for c in CATEGORIES if c in host and out[c]},
+                    "accelerator": {c: out[c] for c in CATEGORIES if c not in host and out[c]}}
+    if host_buffers:
+        out["tiers"]["cpu"]["buffers"] = host_buffers
+        out["tiers"]["accelerator"]["buffers"] = out["buffers"] - host_buffers
+    out["tiers"] = {k: v for k, v in out["tiers"].items() if v}
+    return out
+
+
+def state_bytes(numels, *, precision: str, dtype: str, optimizer: str, zero: int, shard: int, rank: int | None,
+                offload: str = "none", offload_params: str = "none", micro_batches: int = 1):
+    """``coursekit.memory.states.StateBytes`` for DeepSpeed's exact layout on data-parallel ``rank`` (None: the rank
+    holding the most) and that rank, in the calculator's categories: ``gradients`` is the whole gradient held
+    through backward for stages 0-1 (DeepSpeed reduces it at the end) and the rank's partition for stages 2-3.
+    ``precision`` is ``16psi`` (working dtype ``dtype``) or ``fp32``."""
+    from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, StateBytes, check_options
+
+    check_options(precision=precision, optimizer=optimizer, engine="deepspeed", zero=zero, offload=offload,
+                  offload_params=offload_params)
+    numels = tuple(numels)
+    if rank is None:
+        rank = fullest_rank(numels, shard) if zero in (1, 2) else 0
+    d = deepspeed_bytes(numels, stage=zero, world=shard, rank=rank, dtype="fp32" if precision == "fp32" else dtype,
+                        offload_optimizer=offload, offload_param=offload_params, micro_batches=micro_batches,
+                        states=OPTIMIZERS[optimizer])
+    acc, host = d["tiers"].get("accelerator", {}), dict(d["tiers"].get("cpu", {}))
+    grads = d["grads_peak"] if zero <= 1 else acc.get("grads", 0)
+    nvme = 0
+    if "nvme" in (offload, offload_params):  # ZeRO-Infinity: what goes to files, what small tensors stay on the host
+        files = nvme_file_bytes(numels, world=shard, dtype="fp32" if precision == "fp32" else dtype,
+                                offload_optimizer=offload, offload_param=offload_params,
+                                states=OPTIMIZERS[optimizer])
+        nvme = files["params"] + files["optimizer"] + files["grads"]
+        if offload_params == "nvme":
+            host["params"] = files["kept_params"]
+        if offload == "nvme":
+            host["master"], host["optimizer"] = files["kept_optimizer"], 0
+    text = (f"{PRECISION_TEXT[precision]}; DeepSpeed's exact layout on data-parallel rank {rank} (padding, "
+            f"whole gradients of parameters overlapping the partition, fp32 master and gradient partitions"
+            f"{', offload staging buffers' if offload != 'none' and zero in (1, 2) else ''})")
+    st = StateBytes(parameters=acc.get("params", 0), gradients=grads, master_weights=acc.get("master", 0),
+                    optimizer_states=acc.get("optimizer", 0), grad_copy=0, step_grad_copy=acc.get("fp32_grads", 0),
+                    step_temporaries=0, cpu=sum(host.values()), nvme=nvme, convention=text,
+                    offload_buffers=acc.get("buffers", 0) if zero in (1, 2) else 0)
+    return st, rank
+
+
+def nvme_file_bytes(numels, *, world: int, dtype: str = "bf16", offload_optimizer: str = "nvme",
+                    offload_param: str = "nvme", states: int = 2, sub_group_size: int = 1_000_000_000,
+                    aio_block_size: int = 1 << 20, intra_op_parallelism: int = 1) -> dict:
+    """Bytes of ZeRO-Infinity's swap files on one rank (ZeRO-3, ``deepspeed/runtime/swap_tensor``), by kind, and
+    what stays in host memory instead (``kept_params``, ``kept_optimizer``). Same on every rank.
+
+    A tensor goes to a file only if it is at least ``max(1 MiB, aio block size)``; file lengths are aligned to
+    1024·intra_op_parallelism bytes. ``params``: each parameter's partition (ceil(n/N) elements of ``dtype``), its
+    file rounded up. ``optimizer``: per sub-group (parameters packed until ``sub_group_size`` partition elements),
+    the fp32 master partition and each optimizer state, rounded up. ``grads``: each parameter's fp32 gradient
+    partition in a swappable sub-group, rounded *down* (the remainder stays in host memory).
+    """
+    min_bytes = max(1 << 20, aio_block_size)
+    align_bytes = 1024 * intra_op_parallelism
+    parts = [math.ceil(n / world) for n in numels]
+    out = dict(params=0, optimizer=0, grads=0, kept_params=0, kept_optimizer=0)
+    if offload_param == "nvme":
+        b = ELEM[dtype]
+        al = align_bytes // b
+        for p in parts:
+            if p * b >= min_bytes:
+                out["params"] += -(-p // al) * al * b
+            else:
+                out["kept_params"] += p * b
+    if offload_optimizer == "nvme":
+        al = align_bytes // 4
+        groups = [parts]
+        if sum(parts) > sub_group_size:  # stage3._create_fp16_sub_groups
+            groups, cur = [], []
+            for p in parts:
+                cur.append(p)
+                if sum(cur) >= sub_group_size:
+                    groups.append(cur)
+                    cur = []
+            groups += [cur] if cur else []
+        for g in groups:
+            if sum(g) * 4 < min_bytes:
+                out["kept_optimizer"] += (1 + states) * 4 * sum(g)
+                continue
+            out["optimizer"] += (1 + states) * -(-sum(g) // al) * al * 4
+            out["grads"] += sum(p // al * al * 4 for p in g if p * 4 >= min_bytes)
+    return out
