@@ -124,69 +124,45 @@ def test_held_bytes_equal_deepspeed_layout(runs, name, no_orphans):
 
 
 # -- 3. measured bytes == `coursekit memory` ---------------------------------------------------------------------------
-def memory_cli(stage, n, dtype, micro_batch, offload_optimizer="none", offload_param="none"):
+def memory_cli(stage, n, dtype, micro_batch, micro_batches, rank=None, offload_optimizer="none",
+               offload_param="none"):
     out = subprocess.run([sys.executable, "-m", "coursekit.cli", "memory", "--model", "tiny-llama", "--batch",
                           str(micro_batch), "--seq", "32", "--dtype", dtype, "--dp", str(n), "--zero", str(stage),
-                          "--offload", offload_optimizer, "--offload-params", offload_param, "--json"],
+                          "--microbatches", str(micro_batches), "--offload", offload_optimizer, "--offload-params",
+                          offload_param, "--json", *([] if rank is None else ["--dp-rank", str(rank)])],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
 def measured_vs_calculator(f, calc) -> dict:
-    """(measured, predicted) per category. Gradients: the calculator's ZeRO-0/1 figure is the whole gradient held
-    through backward (the peak, before DeepSpeed's end-of-backward reduction); its ZeRO-2/3 figure the partition."""
-    grads = f["grads_peak_bytes"] if f["zero_stage"] <= 1 else f["grads_bytes"]
-    tiers = f["tiers"]
-    if calc["cpu_bytes"]:  # offload: what the calculator moves to the host, against DeepSpeed's host tier
-        return {c: (tiers.get("accelerator", {}).get(k, 0), calc[f"{c}_bytes"]) for c, k in (
-            ("parameters", "params"), ("master_weights", "master"), ("optimizer_states", "optimizer"))} | {
-            "cpu": (f["cpu_bytes"], calc["cpu_bytes"])}
-    return {"parameters": (f["params_bytes"], calc["parameters_bytes"]),
+    """(measured, predicted) per category, on the accelerator, plus everything offload put on the host. Gradients:
+    the calculator's ZeRO-0/1 figure is the whole gradient held through backward (the peak, before DeepSpeed's
+    end-of-backward reduction); its ZeRO-2/3 figure is the partition held at the end of backward."""
+    acc = f["tiers"].get("accelerator", {})
+    grads = f["grads_peak_bytes"] if f["zero_stage"] <= 1 else acc.get("grads", 0)
+    return {"parameters": (acc.get("params", 0), calc["parameters_bytes"]),
             "gradients": (grads, calc["gradients_bytes"]),
-            "master_weights": (f["master_bytes"], calc["master_weights_bytes"]),
-            "optimizer_states": (f["optimizer_bytes"], calc["optimizer_states_bytes"]),
-            "step_grad_copy": (f["fp32_grads_bytes"], calc["step_grad_copy_bytes"])}
-
-
-# Where `coursekit memory` (this commit) and DeepSpeed 0.19 disagree, with DeepSpeed's reason; sent to the
-# calculator's owner. Any other difference fails; a listed one that no longer differs fails too ("remove it").
-KNOWN_DIFFS = {
-    "gradients": ("ZeRO-2 keeps the gradient of every parameter that overlaps its partition, whole "
-                  "(grads_in_partition): more than Ψ·b/N by the parameters straddling partition boundaries"),
-    "cpu": ("ZeRO-Offload stages 1-2: the host side also holds a partition-sized staging copy of the weights and "
-            "a largest-parameter gradient buffer, and with grad accumulation the overlapping parameters' gradients"),
-}
-
-
-def _known(name: str, stage: int, dtype: str) -> set:
-    offload = "offload" in name
-    k = set()
-    if stage == 2 and not offload:
-        k.add("gradients")
-    if offload and stage <= 2:  # ZeRO-3's host side is modelled exactly (fp32 master + states + grad partition)
-        k.add("cpu")
-    return k
+            "master_weights": (acc.get("master", 0), calc["master_weights_bytes"]),
+            "optimizer_states": (acc.get("optimizer", 0), calc["optimizer_states_bytes"]),
+            "step_grad_copy": (acc.get("fp32_grads", 0), calc["step_grad_copy_bytes"]),
+            "cpu": (f["cpu_bytes"], calc["cpu_bytes"])}
 
 
 @pytest.mark.parametrize("name", _names())
 def test_held_bytes_equal_coursekit_memory(runs, name, no_orphans):
-    stage, n, dtype, _, _ = RUNS[name]
+    stage, n, dtype, m, _ = RUNS[name]
     recs = runs(name)
-    calc = memory_cli(stage, n, dtype, recs[0]["final"]["micro_batch"], **_offload(name))
-    diffs = {}
     for rank, rec in enumerate(recs):
-        for cat, (got, want) in measured_vs_calculator(rec["final"], calc).items():
-            if got != want:
-                diffs.setdefault(cat, []).append(f"rank {rank}: measured {got} != predicted {want}")
-    known = _known(name, stage, dtype)
-    unexpected = {c: d for c, d in diffs.items() if c not in known}
-    assert not unexpected, "DeepSpeed holds other bytes than `coursekit memory` predicts:\n" + json.dumps(
-        unexpected, indent=1)
-    stale = known - set(diffs)
-    assert not stale, f"`coursekit memory` now agrees on {sorted(stale)}: remove them from KNOWN_DIFFS"
-    if diffs:
-        pytest.xfail("; ".join(f"{c}: {KNOWN_DIFFS[c]} ({d[0]})" for c, d in diffs.items()))
+        f = rec["final"]
+        assert f["other_bytes"] == 0, f"unclassified DeepSpeed tensors: {f['zero_held']}"
+        calc = memory_cli(stage, n, dtype, f["micro_batch"], m, rank, **_offload(name))
+        assert calc["dp_rank"] == rank
+        got = measured_vs_calculator(f, calc)
+        assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}, f"rank {rank}"
+    if stage == 2 and "offload" not in name:  # ranks differ; without --dp-rank the calculator reports the fullest
+        fullest = memory_cli(stage, n, dtype, recs[0]["final"]["micro_batch"], m)
+        assert fullest["gradients_bytes"] == max(r["final"]["grads_bytes"] for r in recs)
 
 
 # -- 4. collectives per step == the volume model -----------------------------------------------------------------------

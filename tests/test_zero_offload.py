@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from coursekit.launch import launch
+from coursekit.memory import estimate
 from coursekit.zero import layout
 from coursekit.zero.config import CONFIG_DIR, build_config, save_config
 
@@ -52,6 +53,9 @@ def test_cpu_offload_with_deepspeed_cpu_adam(ddp, name, stage, no_orphans, capsy
         want = layout.deepspeed_bytes(numels, stage=stage, world=2, rank=rank, **{
             "offload_optimizer": "cpu", "offload_param": "cpu" if stage == 3 else "none"})
         assert f["tiers"] == want["tiers"]
+        calc = estimate("tiny-llama", batch=f["micro_batch"], seq=32, dtype="fp32", dp=2, zero=stage, dp_rank=rank,
+                        offload="cpu", offload_params="cpu" if stage == 3 else "none", microbatches=1)
+        assert f["cpu_bytes"] == calc.cpu_bytes, f"rank {rank}: host bytes, measured vs `coursekit memory`"
         # what left the accelerator: fp32 master, Adam states and the fp32 gradient partition (16Ψ/N in fp32)
         assert {"master", "optimizer", "fp32_grads"} <= set(f["tiers"]["cpu"])
         assert not {"master", "optimizer", "fp32_grads"} & set(f["tiers"].get("accelerator", {}))
@@ -60,6 +64,9 @@ def test_cpu_offload_with_deepspeed_cpu_adam(ddp, name, stage, no_orphans, capsy
 WIDE = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
         "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 4096, "max_position_embeddings": 128,
         "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_dropout": 0.0}
+# sizes that are not multiples of DeepSpeed's 1 KiB I/O alignment: files rounded up (parameters, optimizer) and
+# down (gradient partitions, whose remainders stay in host memory)
+ODD = WIDE | {"hidden_size": 528, "intermediate_size": 1100, "vocab_size": 4001}
 
 
 def _aio_status() -> str | None:
@@ -73,32 +80,35 @@ def _aio_status() -> str | None:
     return None
 
 
-def test_nvme_offload_writes_states_and_params_to_disk(tmp_path, no_orphans):
+@pytest.mark.parametrize("shape", [WIDE, ODD], ids=["aligned", "unaligned"])
+def test_nvme_offload_writes_what_coursekit_memory_predicts(shape, tmp_path, no_orphans):
     why = _aio_status()  # (not under capsys: DeepSpeed's compile probe needs a real stderr file descriptor)
     if why:
         pytest.skip(why)
-    model = tmp_path / "wide.json"
-    model.write_text(json.dumps(WIDE))
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(shape))
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     # parameter offload to NVMe needs bf16 weights, a buffer that holds the largest parameter, and >= 16 buffers
     cfg = build_config(3, dtype="bf16", offload_optimizer="nvme", offload_param="nvme", nvme_path=str(nvme),
-                       nvme_buffer_size=4096 * 512)
+                       nvme_buffer_size=4096 * 528)
     path = save_config(cfg, tmp_path / "nvme.json")
     t0 = time.monotonic()
     recs = launch("coursekit.train", ["--strategy", "deepspeed", "--ds-config", path, "--model", model, "--dtype",
                                       "bf16", "--steps", "3", "--seq", "32", "--global-batch", "4", "--quiet"],
                   nproc=2, timeout=1500, stream=False).results
     print(f"\n[nvme] {time.monotonic() - t0:.0f} s (includes the async_io build if it was not cached)")
+    calc = estimate(model, batch=2, seq=32, dp=2, zero=3, offload="nvme", offload_params="nvme")
+    assert calc.nvme_bytes > 0
     for rank, rec in enumerate(recs):
         f = rec["final"]
         losses = [s["loss"] for s in rec["steps"]]
         assert losses[-1] < losses[0], "NVMe-offloaded training must still train"
-        assert f["nvme_bytes"] > 0, f"rank {rank} wrote nothing under {nvme}"
-        psi = f["num_params"]
-        # the fp32 master partition and both Adam moments live in files (12 bytes per element of the rank's
-        # partition; DeepSpeed also swaps the fp32 gradient partition through files) ...
-        assert f["nvme_bytes"] >= 12 * psi // 2, f"rank {rank}: {f['nvme_bytes']} bytes on NVMe for Ψ={psi}"
-        # ... and the accelerator keeps only the bf16 gradient partition and the reduce bucket
+        # every byte of the swap files: parameter partitions, fp32 master + Adam moments, gradient partitions
+        assert f["nvme_bytes"] == calc.nvme_bytes, f"rank {rank}: {f['nvme_bytes']} bytes under {nvme}"
+        # the accelerator keeps only the bf16 gradient partition and the reduce bucket
         assert set(f["tiers"]["accelerator"]) == {"grads", "buffers"}, f["tiers"]
-        assert f["tiers"]["accelerator"]["grads"] == 2 * psi // 2
+        assert f["tiers"]["accelerator"]["grads"] == calc.categories["gradients"]
+        assert calc.categories["parameters"] == calc.categories["master_weights"] == 0
+        # the host: the step's working set (swapped-in partitions) and DeepSpeed's pinned swap buffers
+        assert {"params", "master", "fp32_grads", "buffers"} <= set(f["tiers"]["cpu"])
