@@ -181,6 +181,24 @@ for _numels, _n in (([7, 3, 100, 1, 1], 4), ([1000], 8), ([3, 3, 3], 2), (layout
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# `coursekit memory` models this layout exactly: it knows a preset's (or a config.json's) parameter tensors in
+# `parameters()` order, and reports the fullest rank unless you name one (`--dp-rank`). From a terminal:
+# `coursekit memory --model tiny-llama --batch 4 --seq 32 --dtype fp32 --dp 2 --zero 2 --dp-rank 1`.
+
+# %% nbgrader={"grade": false, "grade_id": "demo_calculator_ranks", "locked": true, "schema_version": 3, "solution": false}
+from coursekit.memory import estimate
+
+_z2 = next(_r for _r in stage_rows if _r["name"] == "zero2")
+for _rank in (0, 1):
+    _calc = estimate(MODEL, batch=4, seq=32, dtype="fp32", dp=2, zero=2, dp_rank=_rank).categories["gradients"]
+    try:
+        _yours = f"{grad_partition_bytes(layout.model_numels(MODEL), 2, _rank):,}"
+    except NotImplementedError:
+        _yours = "(not written yet)"
+    _meas = f", measured {_z2['grads_bytes']:,}" if _rank == 0 else ""  # the sweep reports rank 0
+    print(f"ZeRO-2 rank {_rank}: coursekit memory {_calc:,} B of gradients, yours {_yours}{_meas}")
+
+# %% [markdown]
 # ## 3. Fit a budget, prove it with a run
 #
 # The budget: train `tiny-llama` in fp32 on 2 ranks with **at most 600,000 bytes per rank on the accelerator**
