@@ -10,7 +10,8 @@ the median step time of steps 1..n-2; collectives per step (calls, payload MB). 
 (compiled once, ~60 s on 2 cores, cached in ~/.cache/torch_extensions). ``--nvme DIR`` adds a second table: ZeRO-3
 in bf16 on a wider model (9.4M parameters, hidden 512: DeepSpeed swaps only tensors of ~1 MiB per rank or more, so
 the tiny model would write nothing) with nothing / CPU / NVMe offload of optimizer and parameters — needs DeepSpeed's
-async_io op (Debian's libaio-dev).
+async_io op (Debian's libaio-dev). ``(calc)``: what ``coursekit memory`` predicts for the same config on rank 0
+(host bytes without DeepSpeed's pinned NVMe swap buffers, which it does not model; swap-file bytes exactly).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from coursekit.memory import estimate  # noqa: E402
 from coursekit.zero.sweep import run_sweep  # noqa: E402
 
 WIDE = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
@@ -38,16 +40,26 @@ POINTS = [
 ]
 
 
+def predicted(r: dict, point: dict, *, model: str, global_batch: int, seq: int) -> dict:
+    """`coursekit memory` for the row's config on rank 0: host bytes and NVMe swap-file bytes."""
+    e = estimate(model, batch=global_batch // r["nproc"], seq=seq, dtype=point.get("dtype", "fp32"), dp=r["nproc"],
+                 zero=point["stage"], offload=point.get("offload_optimizer", "none"),
+                 offload_params=point.get("offload_param", "none"), dp_rank=0, microbatches=1)
+    return {"calc_cpu_bytes": e.cpu_bytes, "calc_nvme_bytes": e.nvme_bytes}
+
+
 def table(rows: list[dict]) -> str:
-    head = (f"{'config':<22}{'N':>2} {'step ms':>8} {'accel B':>10} {'cpu B':>10} {'nvme B':>8} {'params':>9} "
-            f"{'grads':>8} {'master':>8} {'opt':>9} {'fp32g':>8} {'buffers':>9} {'calls':>6} {'MB/step':>8}")
+    head = (f"{'config':<22}{'N':>2} {'step ms':>8} {'accel B':>10} {'cpu B':>11} {'(calc)':>11} {'nvme B':>11} "
+            f"{'(calc)':>11} {'params':>9} {'grads':>8} {'master':>8} {'opt':>9} {'fp32g':>8} {'buffers':>11} "
+            f"{'calls':>6} {'MB/step':>8}")
     out = [head, "-" * len(head)]
     for r in rows:
         mb = sum(o["bytes"] for o in r["ops"].values()) / 1e6
         out.append(f"{r['name']:<22}{r['nproc']:>2} {r['step_ms']:>8.1f} {r['accelerator_bytes']:>10,} "
-                   f"{r['cpu_bytes']:>10,} {r['nvme_bytes']:>8,} {r['params_bytes']:>9,} {r['grads_bytes']:>8,} "
+                   f"{r['cpu_bytes']:>11,} {r['calc_cpu_bytes']:>11,} {r['nvme_bytes']:>11,} "
+                   f"{r['calc_nvme_bytes']:>11,} {r['params_bytes']:>9,} {r['grads_bytes']:>8,} "
                    f"{r['master_bytes']:>8,} {r['optimizer_bytes']:>9,} {r['fp32_grads_bytes']:>8,} "
-                   f"{r['buffers_bytes']:>9,} {r['calls']:>6} {mb:>8.3f}")
+                   f"{r['buffers_bytes']:>11,} {r['calls']:>6} {mb:>8.3f}")
     return "\n".join(out)
 
 
@@ -61,8 +73,9 @@ def main(argv=None) -> int:
     rows = []
     for n in [int(x) for x in a.nproc.split(",")]:
         t0 = time.monotonic()
-        for r in run_sweep(POINTS, nproc=n, steps=a.steps):
-            rows.append({**r, "nproc": n, "model": "tiny-llama"})
+        for pt, r in zip(POINTS, run_sweep(POINTS, nproc=n, steps=a.steps)):
+            r |= {"nproc": n, "model": "tiny-llama"}
+            rows.append(r | predicted(r, pt, model="tiny-llama", global_batch=8, seq=64))
         print(f"[bench_zero] {n} processes: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     print("tiny-llama (125,248 parameters), fp32, global batch 8 x 64 tokens, per rank (rank 0)")
     print(table(rows))
@@ -76,8 +89,9 @@ def main(argv=None) -> int:
                 {"name": "zero3+opt,param>nvme", "stage": 3, "dtype": "bf16", "offload_optimizer": "nvme",
                  "offload_param": "nvme", "nvme_path": str(Path(a.nvme) / "swap")}]
         (Path(a.nvme) / "swap").mkdir(exist_ok=True)
-        wide_rows = [{**r, "nproc": 2, "model": "wide"} for r in
+        wide_rows = [r | {"nproc": 2, "model": "wide"} for r in
                      run_sweep(nvme, nproc=2, steps=a.steps, model=str(wide), global_batch=4, seq=32)]
+        wide_rows = [r | predicted(r, pt, model=str(wide), global_batch=4, seq=32) for pt, r in zip(nvme, wide_rows)]
         print("\nwide llama (9,439,744 parameters, hidden 512), bf16, global batch 4 x 32 tokens, per rank (rank 0)")
         print(table(wide_rows))
         rows += wide_rows
