@@ -221,3 +221,28 @@ def test_sweep_builds_several_engines_in_one_launch(no_orphans):
     assert by["kept"]["ops"]["all_gather"]["bytes"] == 4 * psi
     assert by["small"]["ops"]["all_gather"]["bytes"] == 2 * 4 * psi
     assert by["small"]["losses"] == pytest.approx(by["kept"]["losses"], abs=LOSS_ATOL)  # traffic, not results
+
+
+# -- 7. on GPUs: the same checks with NCCL, where a tensor's device says where it lives -------------------------------
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_count() == 0, reason="needs CUDA GPUs: ZeRO 1-3 and CPU offload with NCCL, bytes by device")
+def test_zero_on_gpus_holds_what_coursekit_memory_predicts(tmp_path, no_orphans):
+    n = min(2, _cuda_count())
+    for stage, offload in [(1, False), (2, False), (3, False), (2, True), (3, True)]:
+        kw = dict(offload_optimizer="cpu") | (dict(offload_param="cpu") if stage == 3 else {}) if offload else {}
+        path = save_config(build_config(stage, dtype="bf16", ds_optimizer=False, **kw),
+                           tmp_path / f"ds{stage}{offload}.json")
+        recs = launch("coursekit.train", ["--strategy", "deepspeed", "--ds-config", path, *COMMON, "--dtype",
+                                          "bf16"], nproc=n, timeout=300, stream=False).results
+        for rank, rec in enumerate(recs):
+            f = rec["final"]
+            assert f["device"].startswith("cuda") and f["backend"] == "nccl"
+            calc = memory_cli(stage, n, "bf16", f["micro_batch"], 1, rank, **kw)
+            got = measured_vs_calculator(f, calc)
+            assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}, (stage, offload, rank)

@@ -6,7 +6,8 @@
   from ~/.cache/torch_extensions. The default tier covers CPU offload with torch's AdamW (no build).
 * **NVMe offload** (ZeRO-Infinity) of optimizer states and parameters to a local folder: needs Debian's
   ``libaio-dev`` and DeepSpeed's ``async_io`` op (a one-time build of several minutes on 2 cores). Only tensors of
-  at least ~1 MiB per rank go to the files, so it uses a wider model than the course's tiny one.
+  at least 1 MiB per rank go to the files, so it uses wider models than the course's tiny one; the swap files'
+  bytes equal ``coursekit memory``'s prediction exactly (I/O alignment included).
 """
 import json
 import time

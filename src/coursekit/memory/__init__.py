@@ -6,7 +6,8 @@
 
 Modules: ``shapes`` (ModelShape, HF config.json, parameter terms), ``presets``, ``activations`` (saved tensors, term by
 term), ``states`` (parameters, gradients, master weights, optimizer states; ZeRO / FSDP2 / offload), ``config``
-(TrainConfig), ``calculator`` (estimate), ``solvers``, ``gpus``, ``cli``.
+(TrainConfig), ``deepspeed`` (DeepSpeed's exact per-rank layout, used by the calculator), ``calculator`` (estimate),
+``solvers``, ``gpus``, ``cli``.
 """
 from coursekit.memory.activations import ActivationReport, activation_bytes
 from coursekit.memory.calculator import Estimate, estimate, resolve_model

@@ -11,6 +11,10 @@ most in-flight micro-batches, the last holds the head and the loss; the worst on
 - ``end_of_backward``: model states with all gradients, communication buffers, the last unsharded unit.
 - ``optimizer_step``: model states + DeepSpeed's fp32 gradient partition + optimizer temporaries + all-gather bucket.
 
+Model states of a DeepSpeed run without TP/PP come from DeepSpeed's exact layout (``coursekit.memory.deepspeed``:
+padding, the gradient partition of the reported data-parallel rank, offload staging buffers — the accelerator's one
+is counted with the communication buckets — and NVMe swap files); otherwise from the Ψ formulas of ``states``.
+
 Each phase adds the stated runtime constant. Not modelled: allocator fragmentation and caching slack (leave 5-10 %),
 and framework extras (e.g. DeepSpeed's NVMe swap buffers in pinned CPU memory).
 """
