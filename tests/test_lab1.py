@@ -2,15 +2,15 @@
 
 Grading of the whole lab (solution 100 %, release 0, partial in between, under nbgrader) is in test_course_labs.
 """
-import copy
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from coursekit.course.authoring import read_lab
 from coursekit.course.config import Course
 from coursekit.course.recheck import recheck
+
+from lab_submission import submission
 
 REPO = Path(__file__).resolve().parents[1]
 COURSE = Course(REPO)
@@ -28,15 +28,6 @@ def test_exercises_follow_the_syllabus(lab):
     assert [e.name for e in lab.exercises] == SYLLABUS
     assert lab.max_points == 21
     assert lab.settings.call_timeout >= 120  # a 4-process benchmark or a torchrun launch per call
-
-
-def _submission(lab, **cells):
-    nb = copy.deepcopy(nbformat.read(COURSE.release_path("lab1_memory"), as_version=4))
-    for cell in nb.cells:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in cells:
-            cell.source = cells[gid]
-    return nb
 
 
 WRONG_COUNT = '''
@@ -59,7 +50,7 @@ def model_state_bytes(n_params, precision="16psi", optimizer="adamw"):
 
 
 def test_hidden_tests_catch_what_visible_tests_miss(lab, tmp_path):
-    sub = _submission(lab, count_params=WRONG_COUNT, ring_all_reduce=CHEATING_RING,
+    sub = submission(COURSE, "lab1_memory", count_params=WRONG_COUNT, ring_all_reduce=CHEATING_RING,
                       model_state_bytes=STATES_ONLY_16PSI)
     only = {"count_params_visible", "count_params_hidden", "model_state_bytes_visible", "model_state_bytes_hidden",
             "ring_all_reduce_visible", "plot_memory_hidden"}

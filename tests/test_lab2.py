@@ -2,16 +2,16 @@
 
 Grading of the whole lab (solution 100 %, release 0, partial in between, under nbgrader) is in test_course_labs.
 """
-import copy
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from coursekit.course.authoring import read_lab
 from coursekit.course.config import Course
 from coursekit.course.recheck import recheck
 from coursekit.zero.config import build_config
+
+from lab_submission import submission
 
 REPO = Path(__file__).resolve().parents[1]
 COURSE = Course(REPO)
@@ -27,15 +27,6 @@ def test_exercises_follow_the_syllabus(lab):
     assert [e.name for e in lab.exercises] == SYLLABUS
     assert lab.max_points == 19
     assert lab.settings.call_timeout >= 240  # the budget test launches the trainer (and DDP) under torchrun
-
-
-def _submission(**cells):
-    nb = copy.deepcopy(nbformat.read(COURSE.release_path("lab2_zero"), as_version=4))
-    for cell in nb.cells:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in cells:
-            cell.source = cells[gid]
-    return nb
 
 
 FP32_ONLY = '''
@@ -74,7 +65,7 @@ LARGE_BATCH = offload_step(7e9, 8, 8 * 4096 * 64, 400e12, 25e9, 1e9)
 
 
 def test_hidden_tests_catch_what_visible_tests_miss(lab, tmp_path):
-    sub = _submission(zero_bytes=FP32_ONLY, grad_partition_bytes=NO_PADDING, offload_step=STRICT_BOUND)
+    sub = submission(COURSE, "lab2_zero", zero_bytes=FP32_ONLY, grad_partition_bytes=NO_PADDING, offload_step=STRICT_BOUND)
     only = {"zero_bytes_visible", "zero_bytes_hidden", "grad_partition_bytes_visible",
             "grad_partition_bytes_hidden", "offload_step_visible", "offload_step_hidden"}
     res = {t.grade_id: t for t in recheck(lab, sub, log_path=str(tmp_path / "student.log"), only=only).tests}
