@@ -3,7 +3,6 @@
 Other test modules import ``make_course`` / ``submission`` from here. The toy lab is a real plug-in lab: a
 ``solutions/toy/toy.py`` file next to the repository's own ``nbgrader_config.py`` — nothing else is registered.
 """
-import copy
 import shutil
 import textwrap
 from pathlib import Path
@@ -13,6 +12,8 @@ import pytest
 
 from coursekit.course.authoring import build, drift, read_lab
 from coursekit.course.config import Course
+
+from lab_submission import submission as lab_submission
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,12 +87,7 @@ def make_course(root: Path, labs=("toy",), **execute) -> Course:
 
 def submission(course: Course, lab: str = "toy", **cells) -> nbformat.NotebookNode:
     """The released notebook with the source of the cells named by grade id replaced."""
-    nb = copy.deepcopy(nbformat.read(course.release_path(lab), as_version=4))
-    for cell in nb.cells:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in cells:
-            cell.source = cells[gid]
-    return nb
+    return lab_submission(course, lab, **cells)
 
 
 def write_submission(subs: Path, student: str, nb, lab: str = "toy") -> None:
