@@ -165,6 +165,39 @@ def test_held_bytes_equal_coursekit_memory(runs, name, no_orphans):
         assert fullest["gradients_bytes"] == max(r["final"]["grads_bytes"] for r in recs)
 
 
+def test_another_model_on_an_odd_world_size_matches_coursekit_memory(no_orphans):
+    """tiny-gpt2 (tied head, biases, LayerNorms: another tensor list) on 3 ranks (Ψ not a multiple of 2N: padding;
+    other boundaries straddled), fp32 and bf16, with and without CPU offload: every rank, every category."""
+    from coursekit.memory import estimate
+    from coursekit.zero.sweep import run_sweep
+
+    off = {"offload_optimizer": "cpu", "ds_optimizer": False}
+    points = [{"name": "z0-bf16", "stage": 0, "dtype": "bf16"}, {"name": "z1", "stage": 1},
+              {"name": "z2", "stage": 2}, {"name": "z3", "stage": 3}, {"name": "z2-bf16", "stage": 2, "dtype": "bf16"},
+              {"name": "z1-off", "stage": 1, **off}, {"name": "z2-off", "stage": 2, **off},
+              {"name": "z3-off", "stage": 3, "offload_param": "cpu", **off}]
+    n = 3
+    assert sum(layout.model_numels("tiny-gpt2")) % (2 * n)
+    per_rank = run_sweep(points, nproc=n, steps=3, seq=32, global_batch=6, model="tiny-gpt2", per_rank=True)
+    grads = {}
+    numels = layout.model_numels("tiny-gpt2")
+    for rank, rows in enumerate(per_rank):
+        for pt, row in zip(points, rows):
+            want = layout.deepspeed_bytes(numels, stage=pt["stage"], world=n, rank=rank, dtype=pt.get("dtype", "fp32"),
+                                          offload_optimizer=pt.get("offload_optimizer", "none"),
+                                          offload_param=pt.get("offload_param", "none"))
+            fields = {k: v for k, v in FIELDS.items() if k != "scalars" and want[k] is not None}
+            assert {k: row[v] for k, v in fields.items()} == {k: want[k] for k in fields}, (pt["name"], rank)
+            assert row["tiers"] == want["tiers"], (pt["name"], rank)
+            e = estimate("tiny-gpt2", batch=2, seq=32, dtype=pt.get("dtype", "fp32"), dp=n, zero=pt["stage"],
+                         offload=pt.get("offload_optimizer", "none"), offload_params=pt.get("offload_param", "none"),
+                         microbatches=1, dp_rank=rank)
+            got = measured_vs_calculator(row | {"zero_stage": row["stage"]}, e.to_dict())
+            assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}, (pt["name"], rank)
+            grads.setdefault(pt["name"], set()).add(row["grads_bytes"])
+    assert len(grads["z2"]) > 1  # the ranks really differ
+
+
 # -- 4. collectives per step == the volume model -----------------------------------------------------------------------
 @pytest.mark.parametrize("name", _names())
 def test_collectives_equal_volume_model(runs, name, no_orphans):

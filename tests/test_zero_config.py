@@ -116,7 +116,10 @@ def test_per_rank_overlap_equals_the_partition_walk():
         per = layout.overlap_numels(tuple(numels), n)
         for r in range(n):
             assert per[r] == sum(numels[i] for i in layout.partition_params(numels, n, r)), (numels, n, r)
-        assert per[layout.fullest_rank(numels, n)] == max(per)
+        pad = [layout.tail_padding(sum(numels), n, r) for r in range(n)]
+        assert sum(pad) == layout.padded(sum(numels), n) - sum(numels)  # the flat buffer's padding, once
+        held = [a + b for a, b in zip(per, pad)]
+        assert held[layout.fullest_rank(numels, n)] == max(held)
 
 
 def test_calculator_uses_deepspeeds_layout_on_every_rank():

@@ -9,7 +9,8 @@ what live DeepSpeed engines hold on every rank:
    rank P = padded/N of it. ZeRO-3 partitions every parameter on its own, ceil(numel/N) elements per rank.
 2. **Gradient partition of ZeRO-1/2.** At the end of backward each rank keeps the gradients of every parameter
    that *overlaps* its partition, whole (``grads_in_partition``): a parameter straddling a partition boundary is
-   held by both neighbours. So the bytes differ by rank and exceed Ψ/N by up to one parameter per boundary.
+   held by both neighbours. So the bytes differ by rank and exceed Ψ/N by up to one parameter per boundary. The
+   rank whose partition holds the flat buffer's padding also keeps a zero tensor of that many elements.
 3. **fp32 copies even in fp32.** ZeRO 1-3 clone an fp32 master partition from the weights (also when the weights
    are fp32 already) and build an fp32 gradient partition at the step (``flatten(grads).to(fp32)`` — a new tensor).
 4. **ZeRO-Offload staging (stages 1-2).** The host keeps a working-precision copy of the partition
@@ -66,9 +67,22 @@ def overlap_numels(numels: tuple[int, ...], world: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def tail_padding(total: int, world: int, rank: int) -> int:
+    """Elements of ``rank``'s ZeRO-1/2 partition past the last parameter (the flat buffer's alignment padding).
+    DeepSpeed's gradient partition appends them as a zero tensor (``get_flat_partition``)."""
+    size = padded(total, world) // world
+    return max(0, (rank + 1) * size - max(total, rank * size))
+
+
+def grad_partition_numels(numels: tuple[int, ...], world: int) -> tuple[int, ...]:
+    """Per rank: gradient elements ZeRO-1/2 hold at the end of backward (overlapping parameters + tail padding)."""
+    total = sum(numels)
+    return tuple(n + tail_padding(total, world, r) for r, n in enumerate(overlap_numels(numels, world)))
+
+
 def fullest_rank(numels, world: int) -> int:
     """The rank whose ZeRO-1/2 gradient partition holds the most elements (the first one, if several)."""
-    per = overlap_numels(tuple(numels), world)
+    per = grad_partition_numels(tuple(numels), world)
     return per.index(max(per))
 
 
@@ -100,7 +114,8 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
     elif stage in (1, 2):
         part = padded(psi, world) // world
         mine = overlap_numels(numels, world)[rank]
-        out |= dict(params=b * padded(psi, world), grads=b * mine, master=4 * part,
+        out |= dict(params=b * padded(psi, world), grads=b * grad_partition_numels(numels, world)[rank],
+                    master=4 * part,
                     optimizer=K * part, fp32_grads=4 * part, scalars=8)  # step + grad norm (fp32)
         out["grads_peak"] = b * psi if stage == 1 else None
         if offload_optimizer != "none":  # gradients stream into the host's fp32 partition during backward

@@ -5,9 +5,11 @@ tests share one implementation; this module adds ``model_numels``, which reads t
 """
 from __future__ import annotations
 
-from coursekit.memory.deepspeed import ELEM, deepspeed_bytes, fullest_rank, overlap_numels, padded, partition_params
+from coursekit.memory.deepspeed import (ELEM, deepspeed_bytes, fullest_rank, grad_partition_numels, overlap_numels,
+                                        padded, partition_params, tail_padding)
 
-__all__ = ["ELEM", "deepspeed_bytes", "fullest_rank", "model_numels", "overlap_numels", "padded", "partition_params"]
+__all__ = ["ELEM", "deepspeed_bytes", "fullest_rank", "grad_partition_numels", "model_numels", "overlap_numels",
+           "padded", "partition_params", "tail_padding"]
 
 
 def model_numels(model: str) -> list[int]:

@@ -32,8 +32,10 @@ def sweep_points(stage: int, **grid) -> list[dict]:
 
 
 def run_sweep(points: list[dict], *, nproc: int = 2, steps: int = 5, seq: int = 64, global_batch: int = 8,
-              model: str = "tiny-llama", timeout: float = 600, stream: bool = False) -> list[dict]:
-    """Run every point on ``nproc`` ranks in one launch; returns rank 0's row per point (see ``_row``)."""
+              model: str = "tiny-llama", timeout: float = 600, stream: bool = False,
+              per_rank: bool = False) -> list:
+    """Run every point on ``nproc`` ranks in one launch; returns rank 0's row per point (see ``_row``), or with
+    ``per_rank`` one such list per rank (ZeRO-1/2 ranks hold different gradient bytes)."""
     from coursekit.launch import launch
 
     if steps < 3:
@@ -44,7 +46,7 @@ def run_sweep(points: list[dict], *, nproc: int = 2, steps: int = 5, seq: int = 
         res = launch("coursekit.zero.sweep", ["--points", spec, "--steps", steps, "--seq", seq, "--global-batch",
                                               global_batch, "--model", model], nproc=nproc, timeout=timeout,
                      stream=stream)
-    return res.results[0]["rows"]
+    return [r["rows"] for r in res.results] if per_rank else res.results[0]["rows"]
 
 
 def _one(point: dict, a, info) -> dict:
@@ -94,14 +96,14 @@ def _row(point, stage, held, step_s, losses) -> dict:
         o["calls"] += c["count"]
         o["bytes"] += c["count"] * c["bytes"]
         o["max_bytes"] = max(o["max_bytes"], c["bytes"])
-    keep = ("params_bytes", "grads_bytes", "master_bytes", "optimizer_bytes", "fp32_grads_bytes", "buffers_bytes",
+    keep = ("params_bytes", "grads_bytes", "grads_peak_bytes", "master_bytes", "optimizer_bytes", "fp32_grads_bytes", "buffers_bytes",
             "accelerator_bytes", "cpu_bytes", "nvme_bytes", "tiers")
     return {"name": point.get("name", f"zero{stage}"), "stage": stage, "step_ms": 1000 * step_s, "ops": ops,
             "calls": sum(o["calls"] for o in ops.values()), "losses": losses, **{k: held[k] for k in keep}}
 
 
 def main(argv=None) -> int:
-    """Worker: run the points in ``--points`` under an existing launch; rank 0 reports the rows."""
+    """Worker: run the points in ``--points`` under an existing launch; every rank reports its rows."""
     from coursekit import dist as ckdist
     from coursekit.launch import report
 
