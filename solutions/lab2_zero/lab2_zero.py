@@ -147,11 +147,12 @@ for _n in (2, 4, 8):
 # parameter that *overlaps* its slice — a parameter straddling a boundary is kept by both neighbours.
 #
 # Write `grad_partition_bytes(numels, world, rank, dtype_bytes)`; `layout.model_numels("tiny-llama")` lists the
-# real model's parameter sizes.
+# real model's parameter sizes. (Leave out one detail: the rank whose slice ends in the padding also keeps a zero
+# tensor of that many elements.)
 
 # %% nbgrader={"grade": false, "grade_id": "grad_partition_bytes", "locked": false, "schema_version": 3, "solution": true}
 def grad_partition_bytes(numels: list, world: int, rank: int, dtype_bytes: int = 4) -> int:
-    """Bytes of gradients ZeRO-2 keeps on ``rank`` at the end of backward."""
+    """Bytes of the parameters' gradients ZeRO-2 keeps on ``rank`` at the end of backward (padding aside)."""
     ### BEGIN SOLUTION
     total = sum(numels)
     padded = math.ceil(total / (2 * world)) * 2 * world
