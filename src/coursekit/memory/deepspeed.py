@@ -146,7 +146,8 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
     return out
 
 
-def state_bytes(numels, *, precision: str, dtype: str, optimizer: str, zero: int, shard: int, rank: int | None,
+@lru_cache(maxsize=4096)  # solvers and grids ask the same layout many times; numels must be a tuple
+def state_bytes(numels: tuple[int, ...], *, precision: str, dtype: str, optimizer: str, zero: int, shard: int, rank: int | None,
                 offload: str = "none", offload_params: str = "none", micro_batches: int = 1):
     """``coursekit.memory.states.StateBytes`` for DeepSpeed's exact layout on data-parallel ``rank`` (None: the rank
     holding the most) and that rank, in the calculator's categories: ``gradients`` is the whole gradient held
