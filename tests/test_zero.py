@@ -125,11 +125,12 @@ def test_held_bytes_equal_deepspeed_layout(runs, name, no_orphans):
 
 # -- 3. measured bytes == `coursekit memory` ---------------------------------------------------------------------------
 def memory_cli(stage, n, dtype, micro_batch, micro_batches, rank=None, offload_optimizer="none",
-               offload_param="none"):
+               offload_param="none", reduce_bucket_size=500_000):
     out = subprocess.run([sys.executable, "-m", "coursekit.cli", "memory", "--model", "tiny-llama", "--batch",
                           str(micro_batch), "--seq", "32", "--dtype", dtype, "--dp", str(n), "--zero", str(stage),
                           "--microbatches", str(micro_batches), "--offload", offload_optimizer, "--offload-params",
-                          offload_param, "--json", *([] if rank is None else ["--dp-rank", str(rank)])],
+                          offload_param, "--reduce-bucket-size", str(reduce_bucket_size), "--json",
+                          *([] if rank is None else ["--dp-rank", str(rank)])],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -138,10 +139,12 @@ def memory_cli(stage, n, dtype, micro_batch, micro_batches, rank=None, offload_o
 def measured_vs_calculator(f, calc) -> dict:
     """(measured, predicted) per category, on the accelerator, plus everything offload put on the host. Gradients:
     the calculator's ZeRO-0/1 figure is the whole gradient held through backward (the peak, before DeepSpeed's
-    end-of-backward reduction); its ZeRO-2/3 figure is the partition held at the end of backward."""
+    end-of-backward reduction); its ZeRO-2/3 figure is the partition held at the end of backward. Buffers: ZeRO-3's
+    reduce bucket, allocated whole up front (ZeRO-1/2 hold theirs only while reducing)."""
     acc = f["tiers"].get("accelerator", {})
     grads = f["grads_peak_bytes"] if f["zero_stage"] <= 1 else acc.get("grads", 0)
-    return {"parameters": (acc.get("params", 0), calc["parameters_bytes"]),
+    bucket = {"communication_buckets": (acc.get("buffers", 0), calc["communication_buckets_bytes"])}
+    return (bucket if f["zero_stage"] == 3 else {}) | {"parameters": (acc.get("params", 0), calc["parameters_bytes"]),
             "gradients": (grads, calc["gradients_bytes"]),
             "master_weights": (acc.get("master", 0), calc["master_weights_bytes"]),
             "optimizer_states": (acc.get("optimizer", 0), calc["optimizer_states_bytes"]),
@@ -156,7 +159,8 @@ def test_held_bytes_equal_coursekit_memory(runs, name, no_orphans):
     for rank, rec in enumerate(recs):
         f = rec["final"]
         assert f["other_bytes"] == 0, f"unclassified DeepSpeed tensors: {f['zero_held']}"
-        calc = memory_cli(stage, n, dtype, f["micro_batch"], m, rank, **_offload(name))
+        bucket = f["ds_config"]["zero_optimization"].get("reduce_bucket_size", 500_000_000)  # DeepSpeed's default
+        calc = memory_cli(stage, n, dtype, f["micro_batch"], m, rank, **_offload(name), reduce_bucket_size=bucket)
         assert calc["dp_rank"] == rank
         got = measured_vs_calculator(f, calc)
         assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}, f"rank {rank}"
@@ -210,7 +214,7 @@ def test_other_models_and_world_sizes_match_coursekit_memory(model, n, points, t
             assert row["tiers"] == want["tiers"], where
             e = estimate(model, batch=2, seq=16, dtype=pt.get("dtype", "fp32"), dp=n, zero=pt["stage"],
                          offload=pt.get("offload_optimizer", "none"), offload_params=pt.get("offload_param", "none"),
-                         microbatches=1, dp_rank=rank)
+                         microbatches=1, dp_rank=rank, bucket_elems=500_000)  # build_config's reduce_bucket_size
             got = measured_vs_calculator(row | {"zero_stage": row["stage"]}, e.to_dict())
             assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}, where
             grads.setdefault(pt["name"], set()).add(row["grads_bytes"])

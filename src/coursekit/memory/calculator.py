@@ -250,6 +250,8 @@ def _buckets(c: TrainConfig, P: int, params: int, largest_unit: int) -> tuple[in
     if c.engine == "fsdp2":  # unsharded grads of one unit, cast to the fp32 reduce dtype for reduce-scatter
         reduce = 4 if PRECISIONS[c.precision][2] else P
         return (P + reduce) * largest_unit if c.dp * c.cp > 1 else 0, 0
+    if c.zero == 3:  # ZeRO-3 allocates its whole reduce bucket up front (in the parameters' dtype), whatever Ψ
+        return P * c.bucket_elems, 0
     bucket = min(c.bucket_elems, params)
     step = P * bucket if c.zero in (1, 2) else 0  # all-gather of updated parameter partitions
     return G * bucket, step

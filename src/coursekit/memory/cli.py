@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES))
     a("--offload", default="none", choices=list(OFFLOAD), help="optimizer-state offload")
     a("--offload-params", default="none", choices=list(OFFLOAD), help="parameter offload (ZeRO-3 / FSDP2)")
+    a("--reduce-bucket-size", type=int, help="DeepSpeed reduce_bucket_size in elements (default 5e8, DeepSpeed's)")
     a("--dp-rank", type=int, help="data-parallel rank to report (DeepSpeed ZeRO-1/2 ranks differ; default: fullest)")
     a("--gpu", help=f"one of: {', '.join(GPUS)}")
     a("--runtime-gib", type=float, help="GPU runtime constant in GiB (default 1)")
@@ -73,6 +74,8 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
               hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, microbatches=ns.microbatches,
               pp_schedule=ns.pp_schedule, offload=ns.offload, offload_params=ns.offload_params, dp_rank=ns.dp_rank,
               gpu=ns.gpu)
+    if ns.reduce_bucket_size is not None:
+        kw["bucket_elems"] = ns.reduce_bucket_size
     if ns.runtime_gib is not None:
         if ns.runtime_gib < 0:
             raise ConfigError(f"--runtime-gib must be >= 0, got {ns.runtime_gib}")
