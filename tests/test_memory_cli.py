@@ -65,6 +65,8 @@ def test_config_json_path_and_solver(tmp_path):
     (["--model", "llama3-8b", "--batch", "1", "--seq", "1024", "--world", "6", "--tp", "4"], "not divisible"),
     (["--model", "llama3-8b", "--batch", "1", "--seq", "1024", "--dp", "4", "--zero", "2", "--dp-rank", "4"],
      "dp_rank (4) must be below the sharding degree (4)"),
+    (["--model", "llama3-8b", "--seq", "1024", "--batch", "1", "--zero", "3", "--gpu", "H100-80GB", "--solve",
+      "min-gpus", "--dp-rank", "3"], "--dp-rank does not combine with --solve min-gpus"),
 ])
 def test_errors_exit_2(args, message, capsys):
     assert main(args + ["--json"]) == 2

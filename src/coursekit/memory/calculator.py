@@ -212,6 +212,9 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     if "nvme" in (c.offload, c.offload_params):
         notes.append("NVMe: swap-file bytes; host memory also holds DeepSpeed's pinned swap buffers (buffer_count x "
                      "buffer size in the config), not counted here")
+    if c.dp_rank is not None and not (exact and c.zero in (1, 2)):
+        notes.append(f"dp_rank {c.dp_rank}: every data-parallel rank is reported alike here (ranks differ only in "
+                     f"DeepSpeed ZeRO-1/2's gradient partition, modelled without TP/PP)")
     if c.engine == "deepspeed" and not exact:
         notes.append("model states from the Ψ formula: DeepSpeed's exact layout (padding, per-rank gradient "
                      "partitions, offload staging) is modelled without TP/PP and for 16psi / fp32 only")

@@ -102,6 +102,8 @@ def run(ns: argparse.Namespace) -> dict | str:
     if ns.solve:
         if not ns.gpu:
             raise ConfigError("--solve needs --gpu")
+        if ns.solve == "min-gpus" and ns.dp_rank is not None:
+            raise ConfigError("--dp-rank does not combine with --solve min-gpus (it sizes for the fullest rank)")
         if ns.solve == "max-batch":
             b = max_micro_batch(ns.model, **kw)
             solution = {"max_batch": b}

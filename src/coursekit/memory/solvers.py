@@ -74,6 +74,7 @@ def min_gpus(model, gpu: str | None = None, *, max_gpus: int = 1 << 16, **kwargs
     shape = resolve_model(model)
     kwargs.pop("dp", None)
     kwargs.pop("world", None)
+    kwargs.pop("dp_rank", None)  # sized for the fullest rank
     cfg = TrainConfig(dp=1, **kwargs)
     cap = _capacity(cfg, gpu)
     per_replica = cfg.tp * cfg.pp * cfg.cp
