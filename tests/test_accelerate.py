@@ -38,7 +38,7 @@ def test_deepspeed_through_accelerate_on_cpu_with_explicit_gloo(trainer_ddp, no_
 
 @pytest.mark.slow
 def test_deepspeed_through_accelerate_on_cpu_without_gloo_miscounts_ranks(no_orphans):
-    """Why the lab's default DeepSpeed-through-Accelerate cell is a GPU cell: without an explicit backend, on a
+    """Why the lab passes --gloo for DeepSpeed through Accelerate on a CPU machine: without an explicit backend, on a
     machine with no GPU, Accelerate finds no backend and tells every process it is rank 0 of 1 (DeepSpeed's own
     group still has 2). If this starts failing, Accelerate fixed it: drop --gloo from the lab."""
     recs = accelerate_launch(ACCEL / "deepspeed_zero2.yaml", ARGS, nproc=2, cpu=False,

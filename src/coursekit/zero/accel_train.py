@@ -1,6 +1,6 @@
-"""The trainer's loop written the Accelerate way, for ``accelerate launch`` (Lab 2, section 7).
+"""The trainer's loop written the Accelerate way, for ``accelerate launch`` (Lab 2, section 6).
 
-    ACCELERATE_USE_CPU=true accelerate launch --config_file configs/accelerate/ddp_cpu.yaml \\
+    ACCELERATE_USE_CPU=true accelerate launch --config_file configs/accelerate/multi_cpu.yaml \\
         -m coursekit.zero.accel_train --steps 4                                # DDP on 2 CPU processes (gloo)
     accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml -m coursekit.zero.accel_train   # GPUs
 
@@ -9,7 +9,7 @@ Accelerate picks DDP or DeepSpeed from the launch config; the loop does not chan
 ``accelerator.backward``). Every rank reports its losses and what Accelerate made of the launch (distributed type,
 rank, world size) through ``coursekit.launch.report`` when run under the course launcher's results folder.
 
-Why DeepSpeed through Accelerate is a GPU cell on CPU machines: Accelerate 1.x enables DeepSpeed only for
+Why DeepSpeed through Accelerate needs ``--gloo`` on CPU machines: Accelerate 1.x enables DeepSpeed only for
 accelerator devices. With ``--cpu`` / ``ACCELERATE_USE_CPU`` its state never selects DeepSpeed; without them, on a
 machine with no GPU it finds no backend and tells every process it is rank 0 of 1 (``AcceleratorState``).
 ``--gloo`` below passes the backend explicitly through Accelerate's public ``InitProcessGroupKwargs``: then its state

@@ -1,5 +1,5 @@
 """Sweeps of DeepSpeed settings in one launch: how bucket sizes, prefetch and overlap change the collectives and the
-step time (Lab 2, section 6), and the stage x offload benchmark table (bench/bench_zero.py).
+step time (Lab 2, section 4), and the stage x offload benchmark table (bench/bench_zero.py).
 
     rows = run_sweep([{"name": "rb=20k", "stage": 2, "reduce_bucket_size": 20_000}, ...], nproc=2)
 
