@@ -2,7 +2,8 @@
 
 Runs (module-scoped, shared by the tests): DDP and ZeRO 0-3 on 2 ranks in fp32 with 2 micro-batches per step (so
 DeepSpeed's gradient accumulation is exercised), ZeRO 1-3 on 4 ranks in bf16, and ZeRO-2 / ZeRO-3 with CPU offload.
-Every rank is checked. Default tier: 9 launches (about 3-4 minutes on 2 idle cores); two more runs in the slow tier.
+Every rank is checked. Default tier: 10 launches (about 3-4 minutes on 2 idle cores), among them a sweep and
+tiny-gpt2 on 3 ranks; the slow tier adds three (ZeRO-1 bf16 at 4 ranks, ZeRO-3 offload, an odd llama at 4 ranks).
 """
 import json
 import re
@@ -191,8 +192,8 @@ ODD_LLAMA = {"model_type": "llama", "hidden_size": 60, "intermediate_size": 201,
 def test_other_models_and_world_sizes_match_coursekit_memory(model, n, points, tmp_path, no_orphans):
     """Other tensor lists (tiny-gpt2: tied head, biases, LayerNorms; an odd llama) on other world sizes (Ψ not a
     multiple of 2N: padding; other boundaries straddled), fp32 and bf16, with and without CPU offload: every rank,
-    every category, against DeepSpeed's layout and against `coursekit memory`."""
-    from coursekit.memory import estimate
+    every category, against DeepSpeed's layout and against `coursekit memory`; and the collectives of each step."""
+    from coursekit.memory import estimate, resolve_model
     from coursekit.models import build_model
     from coursekit.zero.sweep import run_sweep
 
@@ -200,6 +201,7 @@ def test_other_models_and_world_sizes_match_coursekit_memory(model, n, points, t
         (tmp_path / "config.json").write_text(json.dumps(model))
         model = str(tmp_path / "config.json")
     numels = [p.numel() for p in build_model(model, device="meta").parameters()]
+    tied = resolve_model(model).tied_embeddings
     assert sum(numels) % (2 * n)
     per_rank = run_sweep(points, nproc=n, steps=3, seq=16, global_batch=2 * n, model=model, per_rank=True)
     grads = {}
@@ -218,6 +220,10 @@ def test_other_models_and_world_sizes_match_coursekit_memory(model, n, points, t
             got = measured_vs_calculator(row | {"zero_stage": row["stage"]}, e.to_dict())
             assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}, where
             grads.setdefault(pt["name"], set()).add(row["grads_bytes"])
+            # collectives, padding and the tied embedding's second gather (the head) included
+            ops = comm.expected(pt["stage"], sum(numels), n, elem_bytes=2 if pt.get("dtype") == "bf16" else 4,
+                                numels=numels, reused=numels[:1] if tied else ())
+            assert {op: v["bytes"] for op, v in row["ops"].items()} == ops, where
     assert len(next(g for name, g in grads.items() if name.startswith("z2"))) > 1  # the ranks really differ
 
 
@@ -267,10 +273,17 @@ def test_sweep_builds_several_engines_in_one_launch(no_orphans):
     from coursekit.zero.sweep import run_sweep
 
     rows = run_sweep([{"name": "small", "stage": 3, "reduce_bucket_size": 5_000},
-                      {"name": "kept", "stage": 3, "stage3_keep_params": True}], nproc=2, steps=3, seq=32)
+                      {"name": "kept", "stage": 3, "stage3_keep_params": True},
+                      {"name": "prefetch", "stage": 3, "reduce_bucket_size": 5_000, "prefetch_bucket_size": 200_000},
+                      {"name": "z2", "stage": 2}, {"name": "z2-agb", "stage": 2, "allgather_bucket_size": 2_000}],
+                     nproc=2, steps=3, seq=32)
     by = {r["name"]: r for r in rows}
+    # what the lab says does *not* change traffic: prefetch (when, not what, is gathered) and, with a backend that
+    # has all_gather_into_tensor, ZeRO-1/2's allgather_bucket_size (one flat gather of the updated partitions)
+    assert by["prefetch"]["ops"] == by["small"]["ops"]
+    assert by["z2-agb"]["ops"] == by["z2"]["ops"] and by["z2"]["ops"]["all_gather"]["calls"] == 1
     assert by["small"]["buffers_bytes"] == 4 * 5_000 and by["kept"]["buffers_bytes"] == 4 * 500_000
-    rs = {k: by[k]["ops"]["reduce_scatter"]["calls"] for k in by}
+    rs = {k: by[k]["ops"]["reduce_scatter"]["calls"] for k in ("small", "kept")}
     assert rs["small"] > rs["kept"] == 1  # smaller buckets: more, smaller collectives, less memory held
     psi = sum(layout.model_numels("tiny-llama"))
     # DeepSpeed's prefetch defaults gather the tiny model once per step and keep it through backward (2Ψ, not 3Ψ)

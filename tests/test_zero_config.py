@@ -183,3 +183,26 @@ def test_calculator_nvme_files_follow_deepspeeds_swap_rules():
     assert e.cpu_bytes == 4 * sum(-(-x // 2) for x in wide.param_numels()) + files["kept_params"]
     for n in wide.param_numels():  # every file: a whole, aligned partition of at least 1 MiB
         assert nvme_file_bytes([n], world=2, offload_optimizer="none")["params"] in (0, -(-(n // 2) // 512) * 1024)
+
+
+def test_finalize_says_what_the_trainer_does_not_decide():
+    cfg = config.build_config(2, offload_optimizer="cpu")  # an optimizer block: DeepSpeedCPUAdam
+    cfg["zero_optimization"]["round_robin_gradients"] = True
+    _, notes = config.finalize(cfg, micro_batch=1, grad_accum=1, world=2, dtype="fp32")
+    assert any("--lr / --weight-decay are not used" in n for n in notes)
+    assert any(n.startswith("round_robin_gradients:") and "does not model" in n for n in notes)
+    _, plain = config.finalize(config.build_config(2), micro_batch=1, grad_accum=1, world=2, dtype="fp32")
+    assert not any("--lr" in n or "does not model" in n for n in plain)
+
+
+def test_expected_collectives_with_padding_and_reuse():
+    """Without padding or reuse the per-tensor model is the textbook's; padding and a second use add exactly them."""
+    numels = [64] * 6  # Ψ = 384: a multiple of 2N and of N for N = 2, 4
+    for stage in range(4):
+        assert comm.expected(stage, 384, 4, numels=numels, micro_batches=2) == comm.expected(stage, 384, 4,
+                                                                                             micro_batches=2)
+    odd = [5, 7]  # N = 3: flat buffer 12 (2N = 6), per-parameter 6 + 9
+    assert comm.expected(2, 12, 3, numels=odd, elem_bytes=1) == {"all_gather": 12, "reduce": 12}
+    assert comm.expected(1, 12, 3, numels=odd, elem_bytes=1)["all_gather"] == 12
+    assert comm.expected(3, 12, 3, numels=odd, elem_bytes=1) == {"all_gather": 2 * 15, "reduce_scatter": 15}
+    assert comm.expected(3, 12, 3, numels=odd, elem_bytes=1, reused=[5])["all_gather"] == 2 * (15 + 6)

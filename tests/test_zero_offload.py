@@ -10,6 +10,8 @@
   bytes equal ``coursekit memory``'s prediction exactly (I/O alignment included).
 """
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -42,6 +44,8 @@ def _cpu_adam_cached() -> bool:
 @pytest.mark.parametrize("name,stage", [("zero2_offload_cpu", 2), ("zero3_offload_cpu", 3)])
 def test_cpu_offload_with_deepspeed_cpu_adam(ddp, name, stage, no_orphans, capsys):
     cached = _cpu_adam_cached()
+    if not cached and not shutil.which(os.environ.get("CXX", "c++")):
+        pytest.skip("DeepSpeedCPUAdam is compiled on first use and no C++ compiler is installed (apt-get install g++)")
     t0 = time.monotonic()
     recs = _train("--strategy", "deepspeed", "--ds-config", CONFIG_DIR / f"{name}.json")
     with capsys.disabled():

@@ -105,17 +105,19 @@ STAGE_POINTS = [{"name": f"zero{s}", "stage": s} for s in range(4)] + [
     {"name": "zero3+offload", "stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "ds_optimizer": False}]
 
 # %% nbgrader={"grade": false, "grade_id": "demo_stages", "locked": true, "schema_version": 3, "solution": false}
-stage_rows = run_sweep(STAGE_POINTS, nproc=2, steps=4)
+stage_ranks = run_sweep(STAGE_POINTS, nproc=2, steps=4, per_rank=True)  # one list of rows per rank
 _keys = ("params", "grads", "master", "optimizer", "fp32_grads")
 print(f"{'config':<15}" + "".join(f"{k:>22}" for k in _keys) + f"{'buckets':>10}{'step ms':>9}")
-for _r in stage_rows:
+for _r in stage_ranks[0]:
     try:
         _pred = zero_bytes(PSI, _r["stage"], 2) if "offload" not in _r["name"] else {}
     except NotImplementedError:  # not written yet: measured bytes only
         _pred = {}
-    _cells = [f"{_r[k + '_bytes']:,}" + (f" ({_pred[k]:,})" if _pred else "") for k in _keys]
+    _meas = {k: _r[k + "_bytes"] for k in _keys} | ({"grads": _r["grads_peak_bytes"]} if _r["stage"] <= 1 else {})
+    _cells = [f"{_meas[k]:,}" + (f" ({_pred[k]:,})" if _pred else "") for k in _keys]
     print(f"{_r['name']:<15}" + "".join(f"{c:>22}" for c in _cells) + f"{_r['buffers_bytes']:>10,}{_r['step_ms']:>9.1f}")
-print("measured (your prediction). grads measured at the end of backward; your 'grads' is the peak during it")
+print("rank 0: measured (your prediction). grads: the most held during backward (stages 0-1: all of them, before "
+      "the reduction; stages 2-3: the partition)")
 
 # %% nbgrader={"grade": true, "grade_id": "zero_bytes_visible", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # measured on 2 ranks, fp32, tiny-llama (Ψ = 125,248)
@@ -141,10 +143,11 @@ for _n in (2, 4, 8):
 # %% [markdown]
 # ## 2. The gradient partition is not Ψ/N
 #
-# In the table above, ZeRO-2's measured gradients differ between the ranks and exceed 4Ψ/N. DeepSpeed flattens the
-# parameters (in `model.parameters()` order) into one buffer padded to a multiple of 2N elements; rank r owns the
-# slice [r·P, (r+1)·P) with P = padded/N. At the end of backward it keeps, **whole**, the gradient of every
-# parameter that *overlaps* its slice — a parameter straddling a boundary is kept by both neighbours.
+# In the table above, rank 0's ZeRO-2 gradients exceed 4Ψ/N, and rank 1 holds another amount (printed below).
+# DeepSpeed flattens the parameters (in `model.parameters()` order) into one buffer padded to a multiple of 2N
+# elements; rank r owns the slice [r·P, (r+1)·P) with P = padded/N. At the end of backward it keeps, **whole**, the
+# gradient of every parameter that *overlaps* its slice — a parameter straddling a boundary is kept by both
+# neighbours.
 #
 # Write `grad_partition_bytes(numels, world, rank, dtype_bytes)`; `layout.model_numels("tiny-llama")` lists the
 # real model's parameter sizes. (Leave out one detail: the rank whose slice ends in the padding also keeps a zero
@@ -189,15 +192,15 @@ for _numels, _n in (([7, 3, 100, 1, 1], 4), ([1000], 8), ([3, 3, 3], 2), (layout
 # %% nbgrader={"grade": false, "grade_id": "demo_calculator_ranks", "locked": true, "schema_version": 3, "solution": false}
 from coursekit.memory import estimate
 
-_z2 = next(_r for _r in stage_rows if _r["name"] == "zero2")
 for _rank in (0, 1):
+    _z2 = next(_r for _r in stage_ranks[_rank] if _r["name"] == "zero2")
     _calc = estimate(MODEL, batch=4, seq=32, dtype="fp32", dp=2, zero=2, dp_rank=_rank).categories["gradients"]
     try:
         _yours = f"{grad_partition_bytes(layout.model_numels(MODEL), 2, _rank):,}"
     except NotImplementedError:
         _yours = "(not written yet)"
-    _meas = f", measured {_z2['grads_bytes']:,}" if _rank == 0 else ""  # the sweep reports rank 0
-    print(f"ZeRO-2 rank {_rank}: coursekit memory {_calc:,} B of gradients, yours {_yours}{_meas}")
+    print(f"ZeRO-2 rank {_rank}: measured {_z2['grads_bytes']:,} B of gradients, coursekit memory {_calc:,}, "
+          f"yours {_yours}")
 
 # %% [markdown]
 # ## 3. Fit a budget, prove it with a run
@@ -247,14 +250,20 @@ for _f in _runs:
 # the whole run. Larger buckets mean fewer collective calls (each call has a fixed latency) but more memory. The
 # sweep below runs ZeRO-3 with four bucket sizes, DeepSpeed's prefetch defaults (`stage3_keep_params`: the whole tiny
 # model is gathered once per step and kept, 2Ψ of traffic instead of 3Ψ), and ZeRO-2 with `overlap_comm` and with
-# DeepSpeed's default all-reduce of buckets (`multi_rank_allreduce`). Each row has `name`, `step_ms`, `calls`
-# (collectives per step), `ops` (per collective: calls, bytes) and `buffers_bytes`.
+# DeepSpeed's default all-reduce of buckets (`multi_rank_allreduce`). Two knobs you may expect to matter change
+# nothing in counts or bytes here — look for why: ZeRO-2 with a small `allgather_bucket_size` (DeepSpeed 0.19 gathers
+# the updated partitions in one `all_gather_into_tensor` whenever the backend has it, and then ignores the bucket
+# size), and ZeRO-3 with `stage3_prefetch_bucket_size` (prefetch changes *when* parameters are gathered, so that on a
+# GPU the gathers overlap compute, not how many bytes move). Each row has `name`, `step_ms`, `calls` (collectives per
+# step), `ops` (per collective: calls, bytes) and `buffers_bytes`.
 
 # %% nbgrader={"grade": false, "grade_id": "run_bucket_sweep", "locked": true, "schema_version": 3, "solution": false}
 SWEEP_POINTS = [{"name": f"rbs={n}", "stage": 3, "reduce_bucket_size": n} for n in (5_000, 20_000, 80_000, 500_000)] + [
     {"name": "keep_params", "stage": 3, "stage3_keep_params": True},
     {"name": "z2", "stage": 2}, {"name": "z2 overlap", "stage": 2, "overlap_comm": True},
-    {"name": "z2 allreduce", "stage": 2, "multi_rank_allreduce": True}]
+    {"name": "z2 allreduce", "stage": 2, "multi_rank_allreduce": True},
+    {"name": "z2 agb=20000", "stage": 2, "allgather_bucket_size": 20_000},
+    {"name": "prefetch=200000", "stage": 3, "prefetch_bucket_size": 200_000}]
 
 # %% nbgrader={"grade": false, "grade_id": "demo_bucket_sweep", "locked": true, "schema_version": 3, "solution": false}
 sweep_rows = run_sweep(SWEEP_POINTS, nproc=2, steps=6)
@@ -329,8 +338,8 @@ assert describe_figure(plot_bucket_sweep(list(reversed(_rows))))["axes"][0]["lin
 # %% [markdown]
 # ## 5. When does ZeRO-Offload help, and when does it starve the GPU?
 #
-# Offload moves the fp32 master, the Adam moments and the optimizer step to the CPU: the GPU keeps only bf16 weights
-# and gradients (stage 2), so a model 8× larger fits. The price, per rank and step, with Ψ parameters on N GPUs and T
+# Offload moves the fp32 master, the Adam moments and the optimizer step to the CPU: the GPU keeps the bf16 weights,
+# and gradients only in flight (stage 2 streams them to the host during backward), so a model 8× larger fits. The price, per rank and step, with Ψ parameters on N GPUs and T
 # tokens per step over all ranks:
 #
 # * GPU compute: `6·Ψ·T / N` FLOPs at F FLOP/s;
@@ -384,6 +393,12 @@ assert _e["bound"] == "cpu" and close(_e["step_s"], 2.0) and close(_e["gpu_busy"
 # On this machine the "GPU" and the host are the same CPU, so offload only adds copies: compare `zero2` with
 # `zero2+offload` in section 1's table. On a GPU, offload is the difference between fitting and not fitting; it
 # costs little when many tokens per step keep the GPU busy, and starves it when batches are small.
+#
+# NVMe offload (ZeRO-Infinity: optimizer states and parameters in files) also runs on this machine, but not in this
+# notebook: it needs Debian's `libaio-dev` and a one-time build of DeepSpeed's `async_io` op (about 9 minutes on 2
+# cores), and only tensors of at least 1 MiB per rank go to the files, so the tiny model would write nothing. Run it
+# with `bench/bench_zero.py --nvme /tmp/nvme` (a 9.4M-parameter model; `coursekit memory` predicts the swap-file
+# bytes exactly, see `tests/test_zero_offload.py`).
 #
 # ## 6. The same loop through Hugging Face Accelerate
 #

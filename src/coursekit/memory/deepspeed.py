@@ -18,8 +18,10 @@ what live DeepSpeed engines hold on every rank:
    largest-parameter gradient buffer too. With several micro-batches per step the gradients of the parameters
    overlapping the partition accumulate on the host, whole (``accumulated_grads_in_cpu``).
 
-Assumed, as the course's trainer does: one parameter group in ``model.parameters()`` order and an optimizer whose
-state is ``states`` fp32 tensors per element (Adam: 2).
+Assumed, as the course's trainer does: one parameter group in ``model.parameters()`` order, an optimizer whose
+state is ``states`` fp32 tensors per element (Adam: 2), and DeepSpeed's defaults for ``round_robin_gradients``,
+``parameter_alignment`` and ``data_types.grad_accum_dtype`` (the trainer notes a config that changes them).
+Verified against live engines in fp32 and bf16 (fp16 is taken to match bf16; the trainer refuses fp16).
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ payload in nccl-tests' convention (all_gather: the gathered output; reduce_scatt
 reduce: the tensor). Not counted: the trainer's own loss all-reduce after the step.
 
 What DeepSpeed 0.19 issues, per step, with Ψ parameters, b bytes per element (4 fp32, 2 bf16), N ranks, m
-micro-batches (DeepSpeed pads each flat partition to a multiple of 2N elements, ZeRO-3 each parameter to N; the
-course's models need no padding):
+micro-batches (DeepSpeed pads the flat buffer to a multiple of 2N elements, ZeRO-3 each parameter to a multiple of
+N — ``expected(..., numels=...)`` applies it; the tiny-llama runs need none):
 
 ==========  ===============================================================  ========================
 stage       collectives (payload totals)                                     paper's volume per rank
@@ -32,19 +32,35 @@ reduce_scatter / reduce / all_gather 1 ×, in units of Ψ·b.
 from __future__ import annotations
 
 from coursekit.comm import volume
+from coursekit.memory.deepspeed import padded
 
 PAPER_WEIGHT = {"all_reduce": 2, "reduce_scatter": 1, "reduce": 1, "all_gather": 1, "broadcast": 1}
 SCALAR_BYTES = 8  # payloads this small (grad-norm, overflow flags) are bookkeeping, not model traffic
 
 
 def expected(stage: int, num_params: int, world: int, *, elem_bytes: int = 4, micro_batches: int = 1,
-             multi_rank_allreduce: bool = False) -> dict[str, int]:
+             multi_rank_allreduce: bool = False, numels=None, reused=()) -> dict[str, int]:
     """Payload bytes per op per step that DeepSpeed issues for this ZeRO stage (scalars excluded).
 
     Built on ``coursekit.comm.volume`` (the textbook model); the only DeepSpeed-specific renaming is that its
     ZeRO-1/2 reduce-scatter is a series of ``reduce`` calls (or ``all_reduce`` with ``multi_rank_allreduce``).
+    With the parameter sizes (``numels``) it also applies DeepSpeed's padding: ZeRO-1/2 gather the flat buffer padded
+    to a multiple of 2N (they reduce the parameters' gradients only); ZeRO-3 moves every parameter padded to a
+    multiple of N, and gathers a parameter once per module that uses it — ``reused``: the sizes of parameters used by
+    a second module (a tied embedding is gathered again for the head, in forward and in backward).
     """
     b = elem_bytes
+    if numels is not None and stage:
+        numels = list(numels)
+        if stage in (1, 2):
+            out = {"all_gather": b * padded(sum(numels), world)}
+            op = "all_reduce" if multi_rank_allreduce else "reduce"
+            out[op] = b * sum(numels) * (micro_batches if stage == 2 else 1)
+            return out
+        pad = lambda n: -(-n // world) * world  # noqa: E731
+        moved = b * sum(pad(n) for n in numels)
+        return {"all_gather": micro_batches * 2 * (moved + b * sum(pad(n) for n in reused)),
+                "reduce_scatter": micro_batches * moved}
     if stage == 0:
         plan = volume.ddp(num_params, world, grad_bytes=b)
     else:

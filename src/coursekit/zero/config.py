@@ -165,6 +165,16 @@ def finalize(cfg: dict, *, micro_batch: int, grad_accum: int, world: int, dtype:
     if "gradient_clipping" not in cfg:
         notes.append("gradient_clipping: not set -> 0.0 (DeepSpeed's default 1.0 would clip, unlike DDP)")
         cfg["gradient_clipping"] = 0.0
+    if "optimizer" in cfg:
+        params = cfg["optimizer"].get("params", {})
+        notes.append(f"optimizer: the config's {cfg['optimizer'].get('type')} block decides (lr {params.get('lr')}, "
+                     f"weight_decay {params.get('weight_decay')}); --lr / --weight-decay are not used")
+    accum = (cfg.get("data_types") or {}).get("grad_accum_dtype")
+    unmodelled = [k for k in ("round_robin_gradients", "parameter_alignment") if zero.get(k)] + (
+        [f"data_types.grad_accum_dtype {accum}"] if accum and dtype == "bf16" and accum != "bf16" else [])
+    if unmodelled:
+        notes.append(f"{', '.join(unmodelled)}: a gradient layout `coursekit memory` does not model "
+                     f"(it assumes DeepSpeed's defaults)")
     cfg.setdefault("steps_per_print", 1_000_000_000)
     return cfg, notes
 
