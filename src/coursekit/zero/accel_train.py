@@ -25,11 +25,14 @@ import sys
 
 
 def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True, timeout: float = 300,
-                      env: dict | None = None) -> list:
+                      env: dict | None = None, cwd: str | None = None) -> list:
     """Run this script under ``accelerate launch --config_file config`` on ``nproc`` processes; per-rank reports.
 
     ``cpu``: set ``ACCELERATE_USE_CPU=true`` (DDP on CPU). The processes are stamped like ``coursekit.launch``'s and
-    stopped (the whole tree) on timeout; a failure raises RuntimeError with the output's tail.
+    stopped (the whole tree) on timeout; a failure raises RuntimeError with the output's tail. ``cwd``: where
+    Accelerate runs (default: the repository root), since it resolves a config's ``deepspeed_config_file`` against
+    the working directory and ``configs/accelerate`` names its JSON from the root — so a notebook opened in
+    ``labs/lab2_zero`` launches the same way.
     """
     import subprocess
     import tempfile
@@ -37,6 +40,11 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
 
     from coursekit.dist import free_port
     from coursekit.launch import RESULTS_ENV, kill_tree
+    from coursekit.zero.config import CONFIG_DIR
+
+    config = Path(config).resolve()
+    if cwd is None and (CONFIG_DIR.parents[1] / "configs").is_dir():
+        cwd = str(CONFIG_DIR.parents[1])
 
     with tempfile.TemporaryDirectory(prefix="coursekit-accel-") as d:
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", RESULTS_ENV: d,
@@ -47,7 +55,7 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
                str(nproc), "--main_process_port", str(free_port()), "-m", "coursekit.zero.accel_train",
                *map(str, args)]
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                start_new_session=True, cwd=cwd)
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
