@@ -19,7 +19,8 @@ backward (parameters, gradients, buffers) and inside the optimizer step (fp32 ma
 gradient partition, which exists only then), and counts the collectives of the whole step
 (``coursekit.comm.counter``: every op then passes through Python, so that one step's time grows by ~40-70 ms on
 2 CPU cores; ``coursekit.zero.sweep`` never times it). Equal to DDP step by step in fp32
-(tests/test_zero.py); ``coursekit memory`` (``coursekit.memory.deepspeed``) predicts every byte, per rank.
+(tests/test_zero.py); ``coursekit memory`` (``coursekit.memory.deepspeed``) predicts the bytes, per rank
+(DeepSpeed's pinned NVMe swap buffers aside).
 """
 from __future__ import annotations
 
