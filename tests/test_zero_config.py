@@ -166,7 +166,7 @@ def test_calculator_offload_host_side_is_deepspeeds():
 
 def test_calculator_nvme_files_follow_deepspeeds_swap_rules():
     """ZeRO-Infinity writes a tensor to a file only from 1 MiB up: nothing of tiny-llama, most of a wider model;
-    what is not written stays in host memory. (Measured against live runs in test_zero_offload.py.)"""
+    what is not written stays in host memory. (The files are measured against live runs in test_zero_offload.py.)"""
     from coursekit.memory import ModelShape, estimate
     from coursekit.memory.deepspeed import nvme_file_bytes
 
@@ -180,7 +180,9 @@ def test_calculator_nvme_files_follow_deepspeeds_swap_rules():
     assert e.nvme_bytes == files["params"] + files["optimizer"] + files["grads"]
     assert files["params"] and files["optimizer"] and files["grads"] and files["kept_params"]
     assert e.categories["parameters"] == e.categories["master_weights"] == e.categories["optimizer_states"] == 0
-    assert e.cpu_bytes == 4 * sum(-(-x // 2) for x in wide.param_numels()) + files["kept_params"]
+    part = sum(-(-x // 2) for x in wide.param_numels())
+    assert files["kept_grads"] == 4 * part  # one sub-group: its gradient buffer
+    assert e.cpu_bytes == 2 * part + files["kept_grads"]  # the pinned bf16 partitions + the fp32 gradient buffer
     for n in wide.param_numels():  # every file: a whole, aligned partition of at least 1 MiB
         assert nvme_file_bytes([n], world=2, offload_optimizer="none")["params"] in (0, -(-(n // 2) // 512) * 1024)
 
@@ -201,8 +203,20 @@ def test_expected_collectives_with_padding_and_reuse():
     for stage in range(4):
         assert comm.expected(stage, 384, 4, numels=numels, micro_batches=2) == comm.expected(stage, 384, 4,
                                                                                              micro_batches=2)
-    odd = [5, 7]  # N = 3: flat buffer 12 (2N = 6), per-parameter 6 + 9
-    assert comm.expected(2, 12, 3, numels=odd, elem_bytes=1) == {"all_gather": 12, "reduce": 12}
-    assert comm.expected(1, 12, 3, numels=odd, elem_bytes=1)["all_gather"] == 12
-    assert comm.expected(3, 12, 3, numels=odd, elem_bytes=1) == {"all_gather": 2 * 15, "reduce_scatter": 15}
-    assert comm.expected(3, 12, 3, numels=odd, elem_bytes=1, reused=[5])["all_gather"] == 2 * (15 + 6)
+    odd = [5, 8]  # N = 3: flat buffer 13 -> 18 (2N = 6); per parameter 5 -> 6, 8 -> 9
+    assert comm.expected(2, 13, 3, numels=odd, elem_bytes=1) == {"all_gather": 18, "reduce": 13}
+    assert comm.expected(1, 13, 3, numels=odd, elem_bytes=1) == {"all_gather": 18, "reduce": 13}
+    assert comm.expected(3, 13, 3, numels=odd, elem_bytes=1) == {"all_gather": 2 * 15, "reduce_scatter": 15}
+    assert comm.expected(3, 13, 3, numels=odd, elem_bytes=1, reused=[5])["all_gather"] == 2 * (15 + 6)
+
+
+def test_nvme_sub_groups_share_one_gradient_buffer():
+    from coursekit.memory.deepspeed import nvme_file_bytes
+
+    big = [1 << 20] * 3  # partitions of 2^19 elements on 2 ranks: 2 MiB of fp32 each
+    one = nvme_file_bytes(big, world=2)
+    split = nvme_file_bytes(big, world=2, sub_group_size=1 << 19)  # one parameter per sub-group
+    assert one["optimizer"] == split["optimizer"] == 3 * 3 * (1 << 19) * 4 and one["grads"] == split["grads"]
+    assert one["kept_grads"] == 3 * (1 << 19) * 4 and split["kept_grads"] == (1 << 19) * 4  # the largest only
+    small = nvme_file_bytes([100, 100], world=2)  # too small to swap: everything stays on the host
+    assert small["optimizer"] == small["grads"] == 0 and small["kept_grads"] == 4 * 100

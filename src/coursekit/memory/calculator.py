@@ -246,6 +246,8 @@ def _units(c: TrainConfig, P: int, layers: int, per_layer: int, embed: int, head
 def _buckets(c: TrainConfig, P: int, params: int, largest_unit: int) -> tuple[int, int]:
     """(backward, optimizer-step) communication buffer bytes on the GPU."""
     G = PRECISIONS[c.precision][1]
+    if c.engine == "deepspeed" and c.zero == 3:  # ZeRO-3 allocates its whole reduce bucket up front and keeps it
+        return P * c.bucket_elems, P * c.bucket_elems  # (in the parameters' dtype, whatever Ψ, even on one rank)
     if c.dp * c.cp == 1 and c.engine != "fsdp2":
         return 0, 0
     if c.engine == "ddp":  # reducer bucket buffers cover all gradients (gradient_as_bucket_view=False)
@@ -253,8 +255,6 @@ def _buckets(c: TrainConfig, P: int, params: int, largest_unit: int) -> tuple[in
     if c.engine == "fsdp2":  # unsharded grads of one unit, cast to the fp32 reduce dtype for reduce-scatter
         reduce = 4 if PRECISIONS[c.precision][2] else P
         return (P + reduce) * largest_unit if c.dp * c.cp > 1 else 0, 0
-    if c.zero == 3:  # ZeRO-3 allocates its whole reduce bucket up front (in the parameters' dtype), whatever Ψ
-        return P * c.bucket_elems, 0
     bucket = min(c.bucket_elems, params)
     step = P * bucket if c.zero in (1, 2) else 0  # all-gather of updated parameter partitions
     return G * bucket, step

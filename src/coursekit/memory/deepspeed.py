@@ -20,7 +20,11 @@ what live DeepSpeed engines hold on every rank:
 
 Assumed, as the course's trainer does: one parameter group in ``model.parameters()`` order, an optimizer whose
 state is ``states`` fp32 tensors per element (Adam: 2), and DeepSpeed's defaults for ``round_robin_gradients``,
-``parameter_alignment`` and ``data_types.grad_accum_dtype`` (the trainer notes a config that changes them).
+``parameter_alignment`` and ``data_types.grad_accum_dtype`` (the trainer notes a config that changes them). ZeRO-3:
+every parameter partitioned (``stage3_param_persistence_threshold`` 0, as ``configs/deepspeed`` sets it; DeepSpeed's
+default 1e5 keeps smaller parameters whole on every rank). Host memory under NVMe offload follows DeepSpeed's source
+(pinned parameter buffer, shared gradient buffer) but is not compared byte for byte: measured, it is mixed with the
+pinned swap buffers, which are not modelled.
 Verified against live engines in fp32 and bf16 (fp16 is taken to match bf16; the trainer refuses fp16).
 """
 from __future__ import annotations
@@ -29,6 +33,7 @@ import math
 from functools import lru_cache
 
 ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
+MAX_IN_CPU = 1_000_000_000  # offload_param.max_in_cpu: parameter elements ZeRO-Infinity keeps in host memory
 CATEGORIES = ("params", "grads", "fp32_grads", "master", "optimizer", "buffers")
 
 
@@ -50,9 +55,13 @@ def partition_params(numels, world: int, rank: int) -> list[int]:
     return out
 
 
-@lru_cache(maxsize=256)
-def overlap_numels(numels: tuple[int, ...], world: int) -> tuple[int, ...]:
+def overlap_numels(numels, world: int) -> tuple[int, ...]:
     """Per rank: elements of the parameters overlapping its ZeRO-1/2 partition (O(tensors + ranks))."""
+    return _overlap_numels(tuple(numels), world)
+
+
+@lru_cache(maxsize=256)
+def _overlap_numels(numels: tuple[int, ...], world: int) -> tuple[int, ...]:
     size = padded(sum(numels), world) // world
     diff = [0] * (world + 1)
     cur = 0
@@ -76,15 +85,17 @@ def tail_padding(total: int, world: int, rank: int) -> int:
     return max(0, (rank + 1) * size - max(total, rank * size))
 
 
-def grad_partition_numels(numels: tuple[int, ...], world: int) -> tuple[int, ...]:
+def grad_partition_numels(numels, world: int) -> tuple[int, ...]:
     """Per rank: gradient elements ZeRO-1/2 hold at the end of backward (overlapping parameters + tail padding)."""
+    numels = tuple(numels)
     total = sum(numels)
     return tuple(n + tail_padding(total, world, r) for r, n in enumerate(overlap_numels(numels, world)))
 
 
-def fullest_rank(numels, world: int) -> int:
-    """The rank whose ZeRO-1/2 gradient partition holds the most elements (the first one, if several)."""
-    per = grad_partition_numels(tuple(numels), world)
+def fullest_rank(numels, world: int, *, offload: bool = False) -> int:
+    """The rank whose ZeRO-1/2 gradients hold the most elements (the first one, if several). Under offload the
+    gradients that stay (accumulated on the host) are the overlapping parameters' only, without the padding."""
+    per = overlap_numels(numels, world) if offload else grad_partition_numels(numels, world)
     return per.index(max(per))
 
 
@@ -95,6 +106,7 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
     element, as measured by ``coursekit.strategies.zero`` (params/grads/buffers at the end of backward, the rest
     inside the step), plus ``tiers``: the same bytes split into "accelerator" and "cpu" (what offload moves).
 
+    ``reduce_bucket_size`` defaults to the course configs' 5e5 elements (DeepSpeed's own default is 5e8).
     ``grads_peak`` is the gradient bytes when the last gradient arrives (stages 0-1; None where it depends on
     bucket timing); ``scalars`` is None under offload (per-parameter norms DeepSpeed keeps as 1-element tensors).
     NVMe offload is not split here: "cpu" then means "off the accelerator" (see ``coursekit.zero.held.nvme_bytes``).
@@ -148,20 +160,26 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
     return out
 
 
-@lru_cache(maxsize=4096)  # solvers and grids ask the same layout many times; numels must be a tuple
-def state_bytes(numels: tuple[int, ...], *, precision: str, dtype: str, optimizer: str, zero: int, shard: int, rank: int | None,
+def state_bytes(numels, *, precision: str, dtype: str, optimizer: str, zero: int, shard: int, rank: int | None,
                 offload: str = "none", offload_params: str = "none", micro_batches: int = 1):
     """``coursekit.memory.states.StateBytes`` for DeepSpeed's exact layout on data-parallel ``rank`` (None: the rank
     holding the most) and that rank, in the calculator's categories: ``gradients`` is the whole gradient held
     through backward for stages 0-1 (DeepSpeed reduces it at the end) and the rank's partition for stages 2-3.
     ``precision`` is ``16psi`` (working dtype ``dtype``) or ``fp32``."""
+    return _state_bytes(tuple(numels), precision=precision, dtype=dtype, optimizer=optimizer, zero=zero,
+                        shard=shard, rank=rank, offload=offload, offload_params=offload_params,
+                        micro_batches=micro_batches)
+
+
+@lru_cache(maxsize=4096)  # solvers and grids ask the same layout many times
+def _state_bytes(numels: tuple[int, ...], *, precision, dtype, optimizer, zero, shard, rank, offload,
+                 offload_params, micro_batches):
     from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, StateBytes, check_options
 
     check_options(precision=precision, optimizer=optimizer, engine="deepspeed", zero=zero, offload=offload,
                   offload_params=offload_params)
-    numels = tuple(numels)
     if rank is None:
-        rank = fullest_rank(numels, shard) if zero in (1, 2) else 0
+        rank = fullest_rank(numels, shard, offload=offload != "none" and micro_batches > 1) if zero in (1, 2) else 0
     d = deepspeed_bytes(numels, stage=zero, world=shard, rank=rank, dtype="fp32" if precision == "fp32" else dtype,
                         offload_optimizer=offload, offload_param=offload_params, micro_batches=micro_batches,
                         states=OPTIMIZERS[optimizer])
@@ -173,10 +191,12 @@ def state_bytes(numels: tuple[int, ...], *, precision: str, dtype: str, optimize
                                 offload_optimizer=offload, offload_param=offload_params,
                                 states=OPTIMIZERS[optimizer])
         nvme = files["params"] + files["optimizer"] + files["grads"]
-        if offload_params == "nvme":
-            host["params"] = files["kept_params"]
-        if offload == "nvme":
+        if offload_params == "nvme":  # partitions stay in a pinned flat host buffer of up to max_in_cpu elements
+            host["params"] = ELEM["fp32" if precision == "fp32" else dtype] * min(sum(math.ceil(n / shard)
+                                                                                  for n in numels), MAX_IN_CPU)
+        if offload == "nvme":  # swapped sub-groups share one fp32 gradient buffer (initialize_optimizer_states)
             host["master"], host["optimizer"] = files["kept_optimizer"], 0
+            host["fp32_grads"] = files["kept_grads"]
     text = (f"{PRECISION_TEXT[precision]}; DeepSpeed's exact layout on data-parallel rank {rank} (padding, "
             f"whole gradients of parameters overlapping the partition, fp32 master and gradient partitions"
             f"{', offload staging buffers' if offload != 'none' and zero in (1, 2) else ''})")
@@ -191,7 +211,9 @@ def nvme_file_bytes(numels, *, world: int, dtype: str = "bf16", offload_optimize
                     offload_param: str = "nvme", states: int = 2, sub_group_size: int = 1_000_000_000,
                     aio_block_size: int = 1 << 20, intra_op_parallelism: int = 1) -> dict:
     """Bytes of ZeRO-Infinity's swap files on one rank (ZeRO-3, ``deepspeed/runtime/swap_tensor``), by kind, and
-    what stays in host memory instead (``kept_params``, ``kept_optimizer``). Same on every rank.
+    what stays in host memory instead (``kept_params``, ``kept_optimizer``, and ``kept_grads``: the fp32 gradients of
+    sub-groups too small to swap, plus one buffer the size of the largest swapped sub-group that they share). Same on
+    every rank.
 
     A tensor goes to a file only if it is at least ``max(1 MiB, aio block size)``; file lengths are aligned to
     1024·intra_op_parallelism bytes. ``params``: each parameter's partition (ceil(n/N) elements of ``dtype``), its
@@ -202,7 +224,7 @@ def nvme_file_bytes(numels, *, world: int, dtype: str = "bf16", offload_optimize
     min_bytes = max(1 << 20, aio_block_size)
     align_bytes = 1024 * intra_op_parallelism
     parts = [math.ceil(n / world) for n in numels]
-    out = dict(params=0, optimizer=0, grads=0, kept_params=0, kept_optimizer=0)
+    out = dict(params=0, optimizer=0, grads=0, kept_params=0, kept_optimizer=0, kept_grads=0)
     if offload_param == "nvme":
         b = ELEM[dtype]
         al = align_bytes // b
@@ -222,10 +244,15 @@ def nvme_file_bytes(numels, *, world: int, dtype: str = "bf16", offload_optimize
                     groups.append(cur)
                     cur = []
             groups += [cur] if cur else []
+        swapped = [g for g in groups if sum(g) * 4 >= min_bytes]
         for g in groups:
-            if sum(g) * 4 < min_bytes:
+            if g not in swapped:
                 out["kept_optimizer"] += (1 + states) * 4 * sum(g)
+                out["kept_grads"] += 4 * sum(g)
                 continue
             out["optimizer"] += (1 + states) * -(-sum(g) // al) * al * 4
-            out["grads"] += sum(p // al * al * 4 for p in g if p * 4 >= min_bytes)
+            for p in g:  # a fragment is written if it still is >= min_bytes once cut down to the alignment
+                q = p // al * al if p * 4 >= min_bytes else 0
+                out["grads"] += q * 4 if q * 4 >= min_bytes else 0
+        out["kept_grads"] += 4 * max((sum(g) for g in swapped), default=0)
     return out

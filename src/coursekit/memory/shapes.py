@@ -180,8 +180,8 @@ class ModelShape:
 
         first = [V * h] + ([self.max_positions * h] if self.positions == "learned" else [])
         if self.arch == "gpt2":  # wte, wpe; ln_1, c_attn, c_proj, ln_2, c_fc, c_proj; ln_f
-            layer = (norm + linear(h, qw + 2 * kw, qb) + linear(qw, h, qb) + norm + linear(h, f, mb)
-                     + linear(f, h, mb))
+            layer = (norm + linear(h, qw + 2 * kw, qb) + linear(qw, h, qb) + norm
+                     + linear(h, f, mb) * (2 if self.mlp == "swiglu" else 1) + linear(f, h, mb))
         else:  # embed_tokens; q, k, v, o, gate, up, down, input_layernorm, post_attention_layernorm; norm
             mlp_in = linear(h, f, mb) * (2 if self.mlp == "swiglu" else 1)
             layer = (linear(h, qw, qb) + linear(h, kw, qb) + linear(h, kw, qb) + linear(qw, h, qb) + mlp_in
