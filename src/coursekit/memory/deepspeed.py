@@ -29,7 +29,6 @@ Verified against live engines in fp32 and bf16 (fp16 is taken to match bf16; the
 """
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -37,10 +36,18 @@ MAX_IN_CPU = 1_000_000_000  # offload_param.max_in_cpu: parameter elements ZeRO-
 CATEGORIES = ("params", "grads", "fp32_grads", "master", "optimizer", "buffers")
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def padded(total: int, world: int) -> int:
     """ZeRO-1/2's flat buffer length: a multiple of 2N (nccl_start_alignment_factor 2 x data-parallel size)."""
-    align = 2 * world
-    return math.ceil(total / align) * align
+    return _round_up(total, 2 * world)
+
+
+def zero3_partitions(numels, world: int) -> list[int]:
+    """ZeRO-3's per-rank partition of each parameter: ceil(n/N) elements (each parameter padded to a multiple of N)."""
+    return [-(-n // world) for n in numels]
 
 
 def partition_params(numels, world: int, rank: int) -> list[int]:
@@ -129,8 +136,7 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
         part = padded(psi, world) // world
         mine = overlap_numels(numels, world)[rank]
         out |= dict(params=b * padded(psi, world), grads=b * grad_partition_numels(numels, world)[rank],
-                    master=4 * part,
-                    optimizer=K * part, fp32_grads=4 * part, scalars=8)  # step + grad norm (fp32)
+                    master=4 * part, optimizer=K * part, fp32_grads=4 * part, scalars=8)  # step + grad norm (fp32)
         out["grads_peak"] = b * psi if stage == 1 else None
         if offload_optimizer != "none":  # gradients stream into the host's fp32 partition during backward
             host_buffers = b * (part + max(numels))
@@ -138,7 +144,7 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
             out |= dict(grads=accumulated, buffers=host_buffers + b * max(numels), scalars=None)
             out["grads_peak"] = b * psi if stage == 1 else accumulated
     elif stage == 3:
-        part = sum(math.ceil(n / world) for n in numels)
+        part = sum(zero3_partitions(numels, world))
         out |= dict(params=b * part, grads=b * part, master=4 * part, optimizer=K * part, fp32_grads=4 * part,
                     buffers=b * reduce_bucket_size, scalars=13)  # step 4 + grad norm fp64 8 + overflow flag 1
         out["grads_peak"] = b * part
@@ -180,20 +186,20 @@ def _state_bytes(numels: tuple[int, ...], *, precision, dtype, optimizer, zero, 
                   offload_params=offload_params)
     if rank is None:
         rank = fullest_rank(numels, shard, offload=offload != "none" and micro_batches > 1) if zero in (1, 2) else 0
-    d = deepspeed_bytes(numels, stage=zero, world=shard, rank=rank, dtype="fp32" if precision == "fp32" else dtype,
+    dtype = "fp32" if precision == "fp32" else dtype  # the weights' dtype
+    d = deepspeed_bytes(numels, stage=zero, world=shard, rank=rank, dtype=dtype,
                         offload_optimizer=offload, offload_param=offload_params, micro_batches=micro_batches,
                         states=OPTIMIZERS[optimizer])
     acc, host = d["tiers"].get("accelerator", {}), dict(d["tiers"].get("cpu", {}))
     grads = d["grads_peak"] if zero <= 1 else acc.get("grads", 0)
     nvme = 0
     if "nvme" in (offload, offload_params):  # ZeRO-Infinity: what goes to files, what small tensors stay on the host
-        files = nvme_file_bytes(numels, world=shard, dtype="fp32" if precision == "fp32" else dtype,
+        files = nvme_file_bytes(numels, world=shard, dtype=dtype,
                                 offload_optimizer=offload, offload_param=offload_params,
                                 states=OPTIMIZERS[optimizer])
         nvme = files["params"] + files["optimizer"] + files["grads"]
         if offload_params == "nvme":  # partitions stay in a pinned flat host buffer of up to max_in_cpu elements
-            host["params"] = ELEM["fp32" if precision == "fp32" else dtype] * min(sum(math.ceil(n / shard)
-                                                                                  for n in numels), MAX_IN_CPU)
+            host["params"] = ELEM[dtype] * min(sum(zero3_partitions(numels, shard)), MAX_IN_CPU)
         if offload == "nvme":  # swapped sub-groups share one fp32 gradient buffer (initialize_optimizer_states)
             host["master"], host["optimizer"] = files["kept_optimizer"], 0
             host["fp32_grads"] = files["kept_grads"]
@@ -223,36 +229,39 @@ def nvme_file_bytes(numels, *, world: int, dtype: str = "bf16", offload_optimize
     """
     min_bytes = max(1 << 20, aio_block_size)
     align_bytes = 1024 * intra_op_parallelism
-    parts = [math.ceil(n / world) for n in numels]
+    parts = zero3_partitions(numels, world)
     out = dict(params=0, optimizer=0, grads=0, kept_params=0, kept_optimizer=0, kept_grads=0)
     if offload_param == "nvme":
         b = ELEM[dtype]
         al = align_bytes // b
         for p in parts:
             if p * b >= min_bytes:
-                out["params"] += -(-p // al) * al * b
+                out["params"] += _round_up(p, al) * b
             else:
                 out["kept_params"] += p * b
     if offload_optimizer == "nvme":
         al = align_bytes // 4
         groups = [parts]
         if sum(parts) > sub_group_size:  # stage3._create_fp16_sub_groups
-            groups, cur = [], []
+            groups, cur, size = [], [], 0
             for p in parts:
                 cur.append(p)
-                if sum(cur) >= sub_group_size:
+                size += p
+                if size >= sub_group_size:
                     groups.append(cur)
-                    cur = []
+                    cur, size = [], 0
             groups += [cur] if cur else []
-        swapped = [g for g in groups if sum(g) * 4 >= min_bytes]
+        largest_swapped = 0
         for g in groups:
-            if g not in swapped:
-                out["kept_optimizer"] += (1 + states) * 4 * sum(g)
-                out["kept_grads"] += 4 * sum(g)
+            n = sum(g)
+            if n * 4 < min_bytes:  # too small to swap: states and gradients stay on the host
+                out["kept_optimizer"] += (1 + states) * 4 * n
+                out["kept_grads"] += 4 * n
                 continue
-            out["optimizer"] += (1 + states) * -(-sum(g) // al) * al * 4
+            largest_swapped = max(largest_swapped, n)
+            out["optimizer"] += (1 + states) * _round_up(n, al) * 4
             for p in g:  # a fragment is written if it still is >= min_bytes once cut down to the alignment
                 q = p // al * al if p * 4 >= min_bytes else 0
                 out["grads"] += q * 4 if q * 4 >= min_bytes else 0
-        out["kept_grads"] += 4 * max((sum(g) for g in swapped), default=0)
+        out["kept_grads"] += 4 * largest_swapped
     return out

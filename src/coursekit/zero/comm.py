@@ -32,7 +32,7 @@ reduce_scatter / reduce / all_gather 1 ×, in units of Ψ·b.
 from __future__ import annotations
 
 from coursekit.comm import volume
-from coursekit.memory.deepspeed import padded
+from coursekit.memory.deepspeed import padded, zero3_partitions
 
 PAPER_WEIGHT = {"all_reduce": 2, "reduce_scatter": 1, "reduce": 1, "all_gather": 1, "broadcast": 1}
 SCALAR_BYTES = 8  # payloads this small (grad-norm, overflow flags) are bookkeeping, not model traffic
@@ -57,10 +57,9 @@ def expected(stage: int, num_params: int, world: int, *, elem_bytes: int = 4, mi
             op = "all_reduce" if multi_rank_allreduce else "reduce"
             out[op] = b * sum(numels) * (micro_batches if stage == 2 else 1)
             return out
-        pad = lambda n: -(-n // world) * world  # noqa: E731
-        moved = b * sum(pad(n) for n in numels)
-        return {"all_gather": micro_batches * 2 * (moved + b * sum(pad(n) for n in reused)),
-                "reduce_scatter": micro_batches * moved}
+        moved = b * world * sum(zero3_partitions(numels, world))
+        again = b * world * sum(zero3_partitions(reused, world))
+        return {"all_gather": micro_batches * 2 * (moved + again), "reduce_scatter": micro_batches * moved}
     if stage == 0:
         plan = volume.ddp(num_params, world, grad_bytes=b)
     else:
