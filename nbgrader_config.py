@@ -18,6 +18,10 @@ c.CourseDirectory.feedback_directory = "course/feedback"
 c.CourseDirectory.solution_directory = "course/solution"
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(_root, "course", "gradebook.db")
 os.makedirs(os.path.join(_root, "course"), exist_ok=True)  # sqlite does not create the folder of its file
+# The exchange behind JupyterLab's *Assignment List* and formgrader's release/collect (nbgrader's default,
+# /usr/local/share/nbgrader/exchange, does not exist on a fresh machine). `coursekit lab` makes it writable to all.
+c.Exchange.root = os.environ.get("COURSEKIT_EXCHANGE") or os.path.join(_root, "course", "exchange")
+os.makedirs(c.Exchange.root, exist_ok=True)
 # Never copy a lab's source file (with its solutions and hidden tests) into the release or into a student's
 # autograded folder: nbgrader copies every non-notebook file of a source folder unless it is ignored here.
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py", ".gitignore"]

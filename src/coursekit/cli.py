@@ -79,7 +79,12 @@ class Course(Passthrough):
     name, help, target = "course", "instructors: build, validate, grade and report the labs", "coursekit.course.cli:main"
 
 
-COMMANDS = [Demo(), Train(), Doctor(), Memory(), Course()]
+class Lab(Passthrough):
+    name, help, target = "lab", "start JupyterLab on the course (learners; --instructor: with formgrader's labs)", \
+        "coursekit.course.lab:main"
+
+
+COMMANDS = [Demo(), Train(), Doctor(), Memory(), Course(), Lab()]
 
 
 def build_parser() -> argparse.ArgumentParser:
