@@ -24,6 +24,8 @@ Textbook per-rank send volume per step, Ψ parameters, b bytes per element, N ra
     ZeRO-1/2   reduce-scatter grads + all-gather params      2(N-1)/N · Ψ·b   ≈ 2Ψb  (same as DDP: ZeRO is free)
     ZeRO-3     all-gather fwd + all-gather bwd + reduce-scatter  3(N-1)/N · Ψ·b   ≈ 3Ψb  (1.5x DDP)
     TP         4 all-reduces of activations per layer (2 fwd, 2 bwd), independent of Ψ
+Context parallelism, C ranks, per layer forward (backward mirrors it): Ulysses 4 all-to-alls of b·s·h/C elements
+(q, k, v, out; GQA K/V at max(kv_heads, C) heads); Ring C-1 exchanges of a K/V block (2·b·(s/C)·h_kv elements).
 """
 from __future__ import annotations
 
@@ -189,6 +191,54 @@ def tensor_parallel(layers: int, tokens: int, hidden: int, tp: int, *, act_bytes
     if sequence_parallel:
         return merge([Collective("all_gather", s, k, tp), Collective("reduce_scatter", s, k, tp)])
     return merge([Collective("all_reduce", s, k, tp)])
+
+
+def _cp_check(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, layers: int, micro_batches: int) -> None:
+    if min(batch, seq, kv_heads, head_dim, cp, layers, micro_batches) < 1 or seq % cp:
+        raise ValueError(f"need positive sizes and seq divisible by cp; got batch={batch}, seq={seq}, "
+                         f"kv_heads={kv_heads}, head_dim={head_dim}, cp={cp}, layers={layers}")
+
+
+def ulysses_attention(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, cp: int, *,
+                      act_bytes: int = 2, layers: int = 1, micro_batches: int = 1,
+                      backward: bool = True) -> list[Collective]:
+    """DeepSpeed-Ulysses context parallelism (Jacobs et al. 2023, §3), as ``coursekit.cp.ulysses`` runs it.
+
+    Per layer and micro-batch, forward: 4 all-to-alls — q, k and v from the sequence split to the head split, the
+    output back. Payload of each = one rank's whole tensor: q and out b·(s/C)·heads·d = b·s·h/C elements (h =
+    heads·d); k and v b·(s/C)·max(kv_heads, C)·d (with fewer K/V heads than C each is replicated up to C before
+    the all-to-all, as DeepSpeed's UlyssesSPAttentionHF does; with kv_heads ≥ C that is b·s·h_kv/C). Backward: the
+    4 inverse all-to-alls of the gradients (out's gradient in, dq/dk/dv out), same payloads.
+    """
+    _cp_check(batch, seq, kv_heads, head_dim, cp, layers, micro_batches)
+    if cp == 1:
+        return []
+    n = batch * seq // cp * head_dim * act_bytes
+    k = layers * micro_batches * (2 if backward else 1)
+    return merge([Collective("all_to_all", n * heads, 2 * k, cp),
+                  Collective("all_to_all", n * max(kv_heads, cp), 2 * k, cp)])
+
+
+def ring_attention(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, *, act_bytes: int = 2,
+                   grad_bytes: int = 4, layers: int = 1, micro_batches: int = 1,
+                   backward: bool = True) -> list[Collective]:
+    """Ring Attention (Liu, Zaharia & Abbeel 2023), as ``coursekit.cp.ring`` runs it.
+
+    Per layer and micro-batch, forward: C-1 exchanges of one K/V block — K and V of this rank's s/C tokens as one
+    message of 2·b·kv_heads·(s/C)·d elements, a send to the next rank and a receive from the previous. Backward:
+    C-1 K/V exchanges again, plus C-1 exchanges of the dK/dV accumulator (same shape, ``grad_bytes`` per element:
+    fp32 in coursekit.cp.ring). Zig-zag or contiguous layout moves the same bytes; only the compute differs.
+    """
+    _cp_check(batch, seq, kv_heads, head_dim, cp, layers, micro_batches)
+    if cp == 1:
+        return []
+    block = 2 * batch * kv_heads * (seq // cp) * head_dim
+    k = layers * micro_batches * (cp - 1)
+    kv = 2 * k if backward else k
+    plan = [Collective("send", block * act_bytes, kv, cp), Collective("recv", block * act_bytes, kv, cp)]
+    if backward:
+        plan += [Collective("send", block * grad_bytes, k, cp), Collective("recv", block * grad_bytes, k, cp)]
+    return merge(plan)
 
 
 def textbook_table(num_params: int, world: int, *, bytes_per_elem: int = 2) -> dict[str, float]:
