@@ -4,33 +4,43 @@ import os
 import psutil
 import pytest
 
+from coursekit.launch import OWNER_ENV, STAMP_ENV
+
 os.environ.setdefault("COURSEKIT_DEVICE", "cpu")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# This test process owns every launch made below it, also those made by a subprocess (a CLI run, a notebook
+# kernel, a grader): coursekit.launch stamps their processes with this pid (see launch.launch_stamp).
+os.environ[OWNER_ENV] = str(os.getpid())
 
 
 def launched_processes(owner: int | None = None) -> set[int]:
-    """PIDs of live processes that coursekit.launch started from ``owner`` (default: this test process).
+    """PIDs of live processes that coursekit.launch started on behalf of ``owner`` (default: this test process).
 
-    The launcher stamps COURSEKIT_LAUNCHED_BY=<its pid> into the environment of the agent and, through it, every
-    worker; an orphan keeps that stamp after it is re-parented, so this finds leftovers of our own launches only.
+    Every process of a launch carries COURSEKIT_LAUNCHED_BY=<owner>; the owner is inherited through subprocesses,
+    so a job started by ``python -m coursekit.cli train`` from a test is stamped with the test's pid too. An orphan
+    keeps the stamp after it is re-parented, so this finds leftovers of this process's launches and of no other.
     """
     owner = str(os.getpid() if owner is None else owner)
     out = set()
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get("COURSEKIT_LAUNCHED_BY") == owner:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(STAMP_ENV) == owner:
                 out.add(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     return out
 
 
+def assert_no_orphans(owner: int | None = None) -> None:
+    left = launched_processes(owner)
+    assert not left, f"processes left behind by coursekit.launch: {sorted(left)}"
+
+
 @pytest.fixture
 def no_orphans():
-    """Fails the test if a launch made from this process left any process behind."""
+    """Fails the test if a launch made from this process, or from a subprocess of it, left any process behind."""
     yield
-    left = launched_processes()
-    assert not left, f"processes left behind by coursekit.launch: {sorted(left)}"
+    assert_no_orphans()

@@ -1,5 +1,6 @@
 """The launcher: results gathered per rank, failures name the rank, timeouts and crashes leave no process."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -98,3 +99,106 @@ def test_missing_script_and_bad_nproc():
         launch("no/such/script.py", nproc=2)
     with pytest.raises(ValueError):
         launch("coursekit.dist", nproc=0)
+
+
+# ---- the orphan check itself, the clean-up paths, check=False and max_restarts ----------------------------------
+
+def _wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not (got := pred()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return got
+
+
+def test_orphan_check_sees_a_job_started_through_the_cli():
+    # A CLI run killed with SIGKILL cannot clean up: its torchrun agent and workers (own sessions) become real
+    # orphans, re-parented away from the CLI. The check must see them, although the test never called launch().
+    from conftest import assert_no_orphans, launched_processes
+
+    from coursekit.launch import kill_tree
+
+    before = launched_processes()
+    cli = subprocess.Popen([sys.executable, "-m", "coursekit.cli", "train", "--strategy", "ddp", "--nproc", "2",
+                            "--steps", "1000000", "--seq", "16", "--quiet"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # the agent and both workers, stamped with this test's pid through the CLI subprocess
+        job = _wait_for(lambda: (launched_processes() - before) if len(launched_processes() - before) >= 3
+                        else set(), 90, "the CLI's job to start")
+        assert cli.pid not in job  # the CLI itself is not part of the launch
+        cli.kill()
+        cli.wait(timeout=30)
+        orphans = {p for p in job if psutil.pid_exists(p)}
+        assert len(orphans) >= 3, "the orphans died with the CLI: nothing was planted"
+        with pytest.raises(AssertionError, match="left behind by coursekit.launch") as e:
+            assert_no_orphans()
+        assert all(str(p) in str(e.value) for p in orphans)
+    finally:
+        cli.kill()
+        for p in launched_processes() - before:
+            kill_tree(p, grace_s=2)
+    assert launched_processes() == before  # cleaned up: the check passes again
+
+
+def test_keyboard_interrupt_stops_every_process(tmp_path, no_orphans):
+    # What a notebook's "interrupt kernel" does: SIGINT to the Python process that waits in launch()
+    code = textwrap.dedent(f"""
+        import os, time
+        open(os.path.join({str(tmp_path)!r}, "pid-" + os.environ["RANK"]), "w").write(str(os.getpid()))
+        time.sleep(600)
+    """)
+    (tmp_path / "job.py").write_text(code)
+    driver = (f"from coursekit.launch import launch\n"
+              f"launch({str(tmp_path / 'job.py')!r}, nproc=2, timeout=300, stream=False)\n")
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    pids = _wait_for(lambda: [int(f.read_text()) for f in sorted(tmp_path.glob("pid-*")) if f.read_text()]
+                     if len(list(tmp_path.glob("pid-*"))) == 2 else None, 90, "both workers")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
+    assert time.monotonic() - t0 < 30
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+
+
+def test_check_false_returns_the_failure_with_what_the_ranks_reported(no_orphans):
+    code = textwrap.dedent("""
+        import os, sys
+        from coursekit.launch import report
+        rank = int(os.environ["RANK"])
+        report({"rank": rank})
+        sys.exit(3 if rank == 1 else 0)
+    """)
+    res = launch_code(code, nproc=2, timeout=120, stream=False, check=False)
+    assert res.returncode != 0
+    assert res.results == [{"rank": 0}, {"rank": 1}]
+    with pytest.raises(LaunchError) as e:  # the same job with the default check=True
+        launch_code(code, nproc=2, timeout=120, stream=False)
+    assert e.value.rank == 1 and e.value.returncode == res.returncode
+
+
+def test_max_restarts_restarts_failed_workers(no_orphans):
+    # rank 1 dies in the first attempt only; with one restart allowed torchrun starts both workers again, they
+    # form a new process group (a collective proves it) and the job succeeds
+    code = textwrap.dedent("""
+        import os, sys, torch, torch.distributed as dist
+        from coursekit import dist as ckdist
+        from coursekit.launch import report
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        with ckdist.session() as info:
+            if attempt == 0 and info.rank == 1:
+                sys.exit(7)
+            t = torch.tensor([float(info.rank + 1)])
+            dist.all_reduce(t)
+            report({"rank": info.rank, "attempt": attempt, "sum": t.item()})
+    """)
+    res = launch_code(code, nproc=2, timeout=180, stream=False, max_restarts=1)
+    assert res.returncode == 0
+    assert res.results == [{"rank": r, "attempt": 1, "sum": 3.0} for r in (0, 1)]
+    with pytest.raises(LaunchError) as e:  # no restart allowed: the first failure ends the job
+        launch_code(code, nproc=2, timeout=180, stream=False)
+    # rank 1 left no traceback (sys.exit); rank 0's is only the lost peer: the launcher names rank 1
+    assert e.value.rank == 1 and "rank 1" in str(e.value)

@@ -31,6 +31,18 @@ from pathlib import Path
 import psutil
 
 RESULTS_ENV = "COURSEKIT_RESULTS_DIR"
+# Every process of a launch carries STAMP_ENV=<owner>, so leftovers can be found even after they are re-parented.
+# The owner is inherited: OWNER_ENV if the caller's environment names one (the test suite sets it to its own pid,
+# so jobs started through a CLI subprocess or a notebook kernel are stamped with it too), else the stamp this
+# process itself carries (a launch from inside a launched job), else this process's pid.
+STAMP_ENV, OWNER_ENV = "COURSEKIT_LAUNCHED_BY", "COURSEKIT_LAUNCH_OWNER"
+
+
+def launch_stamp() -> str:
+    """The owner stamped into every process a launch from here starts (see STAMP_ENV above)."""
+    return os.environ.get(OWNER_ENV) or os.environ.get(STAMP_ENV) or str(os.getpid())
+
+
 _PREFIX = re.compile(r"^\[default(\d+)\]:")
 
 
@@ -133,7 +145,12 @@ def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
     m = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", log, re.S)
     rank = int(m.group(1)) if m else None
     if failed:
-        rank = min(failed, key=lambda r: (bool(_SECONDARY.search(per_rank[r][0])), per_rank[r][1]))
+        best = min(failed, key=lambda r: (bool(_SECONDARY.search(per_rank[r][0])), per_rank[r][1]))
+        # only lost-peer tracebacks: the rank that really failed exited without one (sys.exit, os._exit, a
+        # signal); torchrun's summary lists it with its exit code (a code of its own before a signal's)
+        quiet = sorted((int(c) < 0, int(r)) for r, c in re.findall(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)",
+                                                              log) if int(c) != 0 and int(r) not in failed)
+        rank = quiet[0][1] if quiet and _SECONDARY.search(per_rank[best][0]) else best
     text = per_rank.get(rank, ("", 0))[0] if rank is not None else ""
     if "Traceback" not in text:  # logs not written (early crash): search the combined output
         text = "\n".join(_PREFIX.sub("", ln) for ln in log.splitlines()
@@ -171,7 +188,7 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
     cmd += [str(a) for a in args]
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                 "PYTHONUNBUFFERED": "1", RESULTS_ENV: str(results_dir), "COURSEKIT_LAUNCH_T0": repr(time.time()),
-                "COURSEKIT_LAUNCHED_BY": str(os.getpid()),
+                STAMP_ENV: launch_stamp(),
                 **(env or {})}
     if max_restarts:
         # restarted gloo workers otherwise read the previous attempt's addresses from the shared store
