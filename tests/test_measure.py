@@ -1,4 +1,5 @@
 """The measurement path: held state bytes (plain, shared, DTensor shards) and peak memory on this backend."""
+import math
 import textwrap
 
 import torch
@@ -48,17 +49,25 @@ def test_dtensor_local_shards_are_what_a_rank_holds(no_orphans):
         from coursekit.measure import state_bytes
         from coursekit.models import build_model
         with ckdist.session(seed=0) as info:
-            model = build_model("tiny-llama", seed=0)
-            full = state_bytes(model)["params_bytes"]
-            for layer in model.model.layers:
-                fully_shard(layer)
-            fully_shard(model)
-            report({"full": full, "local": state_bytes(model)["params_bytes"]})
+            shapes = {}
+            for name in ("tiny-llama", "odd"):
+                model = (build_model("tiny-llama", seed=0) if name == "tiny-llama" else
+                         build_model(dict(model_type="llama", vocab_size=255, hidden_size=64, intermediate_size=175,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2), seed=0))
+                shapes[name] = {"full": state_bytes(model)["params_bytes"],
+                                "shapes": [list(p.shape) for p in model.parameters()]}
+                for layer in model.model.layers:
+                    fully_shard(layer)
+                fully_shard(model)
+                shapes[name]["local"] = state_bytes(model)["params_bytes"]
+            report(shapes)
     """)
     res = launch_code(code, nproc=2, timeout=180, stream=False)
-    full = res.results[0]["full"]
-    locals_ = [r["local"] for r in res.results]
-    assert all(r["full"] == full for r in res.results)
-    # dim-0 shards: each rank holds about half; FSDP2 pads uneven dim-0 splits, so the sum is >= the full model
-    assert all(0.45 * full < x < 0.6 * full for x in locals_)
-    assert full <= sum(locals_) < 1.05 * full
+    for name in ("tiny-llama", "odd"):
+        full, shapes = res.results[0][name]["full"], res.results[0][name]["shapes"]
+        assert full == 4 * sum(math.prod(s) for s in shapes)  # fp32, no tied or shared tensors
+        # FSDP2 shards dim 0 into ceil(d0 / 2) rows per rank and pads the last rank's shard to that size: every
+        # rank holds the same padded bytes (tiny-llama's dims are even: exactly half; the odd model's are not)
+        padded = 4 * sum(-(-s[0] // 2) * math.prod(s[1:]) for s in shapes)
+        assert [r[name]["local"] for r in res.results] == [padded, padded], name
+        assert (padded * 2 == full) == (name == "tiny-llama")
