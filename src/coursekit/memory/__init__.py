@@ -5,9 +5,10 @@
     e.peak_bytes, e.activations_bytes, e.to_dict(), print(e.table())
 
 Modules: ``shapes`` (ModelShape, HF config.json, parameter terms), ``presets``, ``activations`` (saved tensors, term by
-term), ``states`` (parameters, gradients, master weights, optimizer states; ZeRO / FSDP2 / offload), ``config``
-(TrainConfig), ``deepspeed`` (DeepSpeed's exact per-rank layout, used by the calculator), ``calculator`` (estimate),
-``solvers``, ``gpus``, ``cli``.
+term), ``states`` (precision conventions, optimizers, the Ψ formula of model states), ``engines`` (one module per
+data-parallel engine behind one protocol: ``ddp``, ``deepspeed``, ``fsdp2``; and ``megatron``, the TP / SP / PP / CP
+split), ``deepspeed`` (DeepSpeed's exact per-rank layout, used by ``engines.deepspeed``), ``config`` (TrainConfig),
+``calculator`` (estimate: adds up what the engine and the split say), ``solvers``, ``gpus``, ``cli``.
 """
 from coursekit.memory.activations import ActivationReport, activation_bytes
 from coursekit.memory.calculator import Estimate, estimate, resolve_model

@@ -11,9 +11,12 @@ most in-flight micro-batches, the last holds the head and the loss; the worst on
 - ``end_of_backward``: model states with all gradients, communication buffers, the last unsharded unit.
 - ``optimizer_step``: model states + DeepSpeed's fp32 gradient partition + optimizer temporaries + all-gather bucket.
 
-Model states of a DeepSpeed run without TP/PP come from DeepSpeed's exact layout (``coursekit.memory.deepspeed``:
-padding, the gradient partition of the reported data-parallel rank, offload staging buffers — the accelerator's one
-is counted with the communication buckets — and NVMe swap files); otherwise from the Ψ formulas of ``states``.
+What differs between data-parallel engines (model states, unsharded units, communication buffers, notes) comes from
+the configuration's engine (``coursekit.memory.engines``: ddp, deepspeed, fsdp2), what TP / SP / PP / CP split from
+``engines.megatron``; this module only adds them up. Model states of a DeepSpeed run without TP/PP are DeepSpeed's
+exact layout (``coursekit.memory.deepspeed``: padding, the gradient partition of the reported data-parallel rank,
+offload staging buffers — the accelerator's one is counted with the communication buckets — and NVMe swap files);
+otherwise the Ψ formulas (``coursekit.memory.states``).
 
 Each phase adds the stated runtime constant. Not modelled: allocator fragmentation and caching slack (leave 5-10 %),
 and framework extras (e.g. DeepSpeed's NVMe swap buffers in pinned CPU memory).
@@ -24,14 +27,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coursekit.memory import deepspeed
-from coursekit.memory.activations import DTYPE_BYTES, ActivationReport, activation_bytes
+from coursekit.memory import engines
+from coursekit.memory.engines import megatron
+from coursekit.memory.activations import ActivationReport
 from coursekit.memory.config import TrainConfig
 from coursekit.memory.errors import ConfigError
 from coursekit.memory.gpus import GiB, gpu as gpu_lookup
 from coursekit.memory.presets import PRESETS, preset
 from coursekit.memory.shapes import ModelShape, from_hf_config
-from coursekit.memory.states import PRECISIONS, StateBytes, model_state_bytes
+from coursekit.memory.states import PRECISIONS
 
 PHASES = ("start_of_backward", "end_of_backward", "optimizer_step")
 CATEGORIES = ("parameters", "gradients", "master_weights", "optimizer_states", "grad_copy", "step_grad_copy",
@@ -146,47 +150,16 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
         raise ConfigError(f"pp ({c.pp}) exceeds the number of layers ({shape.layers})")
     if shape.positions == "learned" and c.seq > shape.max_positions:
         raise ConfigError(f"seq ({c.seq}) exceeds {shape.name}'s {shape.max_positions} learned positions")
-    acts = activation_bytes(shape, c.batch, c.seq, dtype=c.dtype, attention=c.attention, impl=c.impl,
-                            kernels=c.kernels, recompute=c.recompute, dropout=c.dropout, tp=c.tp, sp=c.sp, cp=c.cp)
-    working = 0
-    if c.recompute != "none":  # backward re-runs one layer (full) or one attention core (selective) at a time
-        plain = activation_bytes(shape, c.batch, c.seq, dtype=c.dtype, attention=c.attention, impl=c.impl,
-                                 kernels=c.kernels, recompute="none", dropout=c.dropout, tp=c.tp, sp=c.sp, cp=c.cp)
-        working = plain.layer_bytes - (acts.layer_bytes if c.recompute == "selective" else 0)
+    acts, working = megatron.activations(shape, c)
+    engine = engines.get(c.engine)
     P = PRECISIONS[c.precision][0]
-    per_layer, first, last, tied = shape.local_params(c.tp)
-    t_layer, t_first, t_last = shape.local_tensors()
-    tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
-    base, extra = divmod(shape.layers, c.pp)
-    stages = [0] if c.pp == 1 else [0, c.pp - 1]  # middle stages are dominated by stage 0
     best = None
-    # DeepSpeed's exact layout needs the tensors each rank flattens: known without TP/PP, for 16Ψ and fp32 states
-    exact = c.engine == "deepspeed" and c.tp == 1 and c.pp == 1 and c.precision in ("16psi", "fp32")
-    dp_rank = c.dp_rank if c.dp_rank is not None else 0
-    for i in stages:
-        layers = base + (1 if i < extra else 0)
-        is_first, is_last = i == 0, i == c.pp - 1
-        params = layers * per_layer + (first if is_first else 0) + (last + tied_copy if is_last else 0)
-        tensors = layers * t_layer + (t_first if is_first else 0) + (t_last + bool(tied_copy) if is_last else 0)
-        if exact:  # the whole model on every rank: DeepSpeed's layout from the tensor list
-            st, dp_rank = deepspeed.state_bytes(shape.param_numels(), precision=c.precision, dtype=c.dtype,
-                                                optimizer=c.optimizer, zero=c.zero, shard=c.shard_degree,
-                                                rank=c.dp_rank, offload=c.offload, offload_params=c.offload_params,
-                                                micro_batches=c.microbatches)
-        else:
-            st = model_state_bytes(params, precision=c.precision, optimizer=c.optimizer, engine=c.engine,
-                                   zero=c.zero, shard=c.shard_degree, offload=c.offload,
-                                   offload_params=c.offload_params, param_tensors=tensors)
-        in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
-        saved = in_flight * acts.stage_bytes(layers, is_first, is_last)
-        logits = 0
-        if is_last:
-            v_loc = shape.vocab // c.tp if c.impl == "fused" and shape.vocab % c.tp == 0 else shape.vocab
-            # the two fp32 b·s·V buffers of log-softmax's backward; the activation-dtype logits HF returns are
-            # already freed by a trainer that keeps only ``.loss`` (coursekit.train, HF Trainer) — measured
-            logits = 8 * c.batch * (c.seq // c.cp) * v_loc
-        units = _units(c, P, layers, per_layer, first if is_first else 0, (last + tied_copy) if is_last else 0)
-        comm_bwd, comm_step = _buckets(c, P, params, units["largest"])
+    for stage in megatron.stages(shape, c):
+        st, dp_rank = engine.states(shape, c, stage)
+        saved = megatron.saved_bytes(acts, stage)
+        logits = megatron.logits_bytes(shape, c, stage)
+        units = engine.units(c, P, stage)
+        comm_bwd, comm_step = engine.buckets(c, P, stage.params, units["largest"])
         comm_bwd, comm_step = comm_bwd + st.offload_buffers, comm_step + st.offload_buffers
         cats = {"parameters": st.parameters, "gradients": st.gradients, "master_weights": st.master_weights,
                 "optimizer_states": st.optimizer_states, "grad_copy": st.grad_copy,
@@ -201,60 +174,16 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
             "end_of_backward": states + st.gradients + units["end"] + comm_bwd,
             "optimizer_step": states + st.gradients + st.step_grad_copy + st.step_temporaries + comm_step,
         }
-        cand = (max(phases.values()), i, params, st, cats, phases)
+        cand = (max(phases.values()), stage, st, dp_rank, cats, phases)
         if best is None or cand[0] > best[0]:
             best = cand
-    _, stage, params, st, cats, phases = best
+    _, stage, st, dp_rank, cats, phases = best
     g = gpu_lookup(c.gpu) if c.gpu else None
     notes = list(acts.notes)
     if shape.positions == "rope" and c.seq > shape.max_positions:
         notes.append(f"seq {c.seq} exceeds the model's max_position_embeddings ({shape.max_positions})")
-    if "nvme" in (c.offload, c.offload_params):
-        notes.append("NVMe: swap-file bytes; host memory also holds DeepSpeed's pinned swap buffers (buffer_count x "
-                     "buffer size in the config), not counted here")
-    if c.dp_rank is not None and not (exact and c.zero in (1, 2)):
-        notes.append(f"dp_rank {c.dp_rank}: every data-parallel rank is reported alike here (ranks differ only in "
-                     f"DeepSpeed ZeRO-1/2's gradient partition, modelled without TP/PP)")
-    if c.engine == "deepspeed" and not exact:
-        notes.append("model states from the Ψ formula: DeepSpeed's exact layout (padding, per-rank gradient "
-                     "partitions, offload staging) is modelled without TP/PP and for 16psi / fp32 only")
+    notes += engine.notes(c)
     if c.impl == "hf" and c.kernels == "cuda":
         notes.append("hf-cuda activation profile is modelled from CUDA kernel signatures (measured profile: hf-cpu)")
-    return Estimate(shape.name, shape.num_params(), params, c, st.convention, acts, cats, phases, stage,
+    return Estimate(shape.name, shape.num_params(), stage.params, c, st.convention, acts, cats, phases, stage.index,
                     st.cpu, st.nvme, g.name if g else None, g.memory_bytes if g else None, notes, dp_rank)
-
-
-def _units(c: TrainConfig, P: int, layers: int, per_layer: int, embed: int, head: int) -> dict[str, int]:
-    """Unsharded parameter units (compute dtype) held at the start and end of backward, for ZeRO-3 / FSDP2.
-
-    Units are one per layer plus the embedding and the head (torchtitan's wrapping). With reshard after forward,
-    backward starts with the head unit in use and the last layer prefetched, and ends with the embedding unit;
-    without it every unit stays unsharded from forward into backward.
-    """
-    largest = max(per_layer if layers else 0, embed, head)
-    sharded = (c.engine == "fsdp2") or (c.engine == "deepspeed" and c.zero == 3)
-    if not sharded:
-        return {"start": 0, "end": 0, "largest": largest}
-    if c.engine == "fsdp2" and not c.fsdp_reshard:
-        start = P * (layers * per_layer + embed + head)
-    else:
-        start = P * ((head or per_layer) + (per_layer if layers else embed))
-    end = P * (embed or per_layer)
-    return {"start": start, "end": end, "largest": largest}
-
-
-def _buckets(c: TrainConfig, P: int, params: int, largest_unit: int) -> tuple[int, int]:
-    """(backward, optimizer-step) communication buffer bytes on the GPU."""
-    G = PRECISIONS[c.precision][1]
-    if c.engine == "deepspeed" and c.zero == 3:  # ZeRO-3 allocates its whole reduce bucket up front and keeps it
-        return P * c.bucket_elems, P * c.bucket_elems  # (in the parameters' dtype, whatever Ψ, even on one rank)
-    if c.dp * c.cp == 1 and c.engine != "fsdp2":
-        return 0, 0
-    if c.engine == "ddp":  # reducer bucket buffers cover all gradients (gradient_as_bucket_view=False)
-        return G * params, G * params
-    if c.engine == "fsdp2":  # unsharded grads of one unit, cast to the fp32 reduce dtype for reduce-scatter
-        reduce = 4 if PRECISIONS[c.precision][2] else P
-        return (P + reduce) * largest_unit if c.dp * c.cp > 1 else 0, 0
-    bucket = min(c.bucket_elems, params)
-    step = P * bucket if c.zero in (1, 2) else 0  # all-gather of updated parameter partitions
-    return G * bucket, step

@@ -6,7 +6,8 @@ from dataclasses import dataclass, fields
 from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
 from coursekit.memory.errors import ConfigError, choice, positive_int
 from coursekit.memory.gpus import GiB
-from coursekit.memory.states import ENGINES, OFFLOAD, OPTIMIZERS, PRECISIONS
+from coursekit.memory import engines
+from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
 
 PP_SCHEDULES = ("1f1b", "gpipe")
 DEFAULT_RUNTIME_BYTES = 1 * GiB
@@ -88,7 +89,7 @@ class TrainConfig:
         choice("impl", self.impl, IMPLS)
         choice("kernels", self.kernels, KERNELS)
         choice("recompute", self.recompute, RECOMPUTE)
-        choice("engine", self.engine, ENGINES)
+        choice("engine", self.engine, engines.NAMES)
         choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
         choice("offload", self.offload, OFFLOAD)
         choice("offload_params", self.offload_params, OFFLOAD)
@@ -111,11 +112,12 @@ class TrainConfig:
         s("world", self.dp * model_par)
         if self.hsdp_shard is not None:
             s("hsdp_shard", positive_int("hsdp_shard", self.hsdp_shard))
-            if self.engine != "fsdp2":
-                raise ConfigError("hsdp_shard is an FSDP2 (HSDP) option; set engine fsdp2")
+            if not engines.get(self.engine).hybrid_shard:
+                hybrid = " or ".join(n for n, e in engines.REGISTRY.items() if e.hybrid_shard)
+                raise ConfigError(f"hsdp_shard is an FSDP2 (HSDP) option; set engine {hybrid}")
             if self.dp % self.hsdp_shard:
                 raise ConfigError(f"dp ({self.dp}) is not divisible by the HSDP shard group ({self.hsdp_shard})")
-        if self.engine != "deepspeed" and self.zero:
+        if self.zero not in engines.get(self.engine).zero_stages:
             raise ConfigError(f"zero stages are DeepSpeed's; engine {self.engine!r} needs zero 0")
         if self.microbatches is not None:
             s("microbatches", positive_int("microbatches", self.microbatches))

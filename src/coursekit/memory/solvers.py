@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from coursekit.memory import engines
 from coursekit.memory.calculator import Estimate, estimate, resolve_model
 from coursekit.memory.config import TrainConfig
 from coursekit.memory.errors import ConfigError
@@ -83,7 +84,7 @@ def min_gpus(model, gpu: str | None = None, *, max_gpus: int = 1 << 16, **kwargs
         cfg = replace(cfg, dp=cfg.hsdp_shard, world=None)
     if (e := _fits(shape, cfg, cap)) is not None:
         return e
-    if cfg.hsdp_shard or (cfg.engine == "ddp") or (cfg.engine == "deepspeed" and cfg.zero == 0):
+    if cfg.hsdp_shard or not engines.get(cfg.engine).shards_over_dp(cfg):
         raise ConfigError("does not fit, and more data-parallel ranks do not shard this configuration's state")
     ok = lambda n: _fits(shape, replace(cfg, dp=n, world=None), cap) is not None  # noqa: E731
     lo, hi = 1, 2  # dp=1 does not fit; from dp=2 on, per-rank memory only falls as dp grows
