@@ -4,6 +4,7 @@ collectives equal the volume model exactly.
 One launch runs every check (a launch costs ~6 s); this file is also the worker script (``python test_comm_counter.py``
 under torchrun). Each rank reports what it counted; the tests compare on every rank.
 """
+import math
 import sys
 from pathlib import Path
 
@@ -14,21 +15,16 @@ from coursekit.comm import volume
 NPROC = 2
 
 
-def _tiny_llama():
-    """The course's tiny Llama (2 layers, hidden 64, vocab 256), same random init on every rank."""
-    import torch
+# dims that 2 ranks cannot split evenly (vocab 255, MLP 175): FSDP2 pads those parameters' dim 0
+ODD_LLAMA = {"model_type": "llama", "vocab_size": 255, "hidden_size": 64, "intermediate_size": 175,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 
-    try:
-        from coursekit.models import build_model
 
-        return build_model("tiny-llama", seed=0)
-    except ImportError:  # presets module not there yet: the same shape straight from transformers
-        from transformers import LlamaConfig, LlamaForCausalLM
+def _tiny_llama(model="tiny-llama"):
+    """The course's tiny Llama (2 layers, hidden 64, vocab 256), or another config, same init on every rank."""
+    from coursekit.models import build_model
 
-        torch.manual_seed(0)
-        return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=176,
-                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                            max_position_embeddings=512, use_cache=False))
+    return build_model(model, seed=0)
 
 
 def _paths(info, dev):
@@ -60,26 +56,30 @@ def _paths(info, dev):
 
 
 def _ddp_steps(info, dev):
-    """Four steps of the reference DDP strategy with small buckets; the last accumulates 2 micro-batches."""
-    from argparse import Namespace
+    """Four steps of torch's DDP with small buckets (as the trainer's ddp strategy wraps it); the last accumulates
+    2 micro-batches under ``no_sync``."""
+    import contextlib
 
     import torch
+    from torch.nn.parallel import DistributedDataParallel
 
     from coursekit.comm.counter import CollectiveCounter
-    from coursekit.strategies.ddp import DDP
 
-    args = Namespace(dtype="fp32", bucket_mb=0.1, lr=1e-3, weight_decay=0.0)  # 0.1 MiB: several buckets
-    strategy = DDP(args, info)
-    strategy.setup(_tiny_llama())
-    ddp = strategy.model
+    model = _tiny_llama().to(dev)
+    ids_ = [torch.device(dev).index] if torch.device(dev).type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=ids_, bucket_cap_mb=0.1,  # 0.1 MiB: several buckets
+                                  gradient_as_bucket_view=True)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.0)
     gen = torch.Generator().manual_seed(100 + info.rank)
     steps = []
     for n_micro in (1, 1, 1, 2):
         with CollectiveCounter() as cc:
             for i in range(n_micro):
                 ids = torch.randint(0, 256, (2, 16), generator=gen).to(dev)
-                strategy.forward_backward(ids, ids, i, n_micro)
-            strategy.step()
+                with ddp.no_sync() if i < n_micro - 1 else contextlib.nullcontext():
+                    (ddp(input_ids=ids, labels=ids).loss / n_micro).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
         # the buckets this step used, as DDP's reducer holds them (rebuilt at the start of the second step)
         buckets = [b.buffer().numel() * b.buffer().element_size()
                    for b in ddp.reducer._get_zeros_like_grad_buckets()]
@@ -89,22 +89,23 @@ def _ddp_steps(info, dev):
             "buffer_bytes": sum(b.numel() * b.element_size() for b in ddp.module.buffers())}
 
 
-def _fsdp2(info, dev):
-    """One step of FSDP2 (each decoder layer a unit, then the root) on the tiny Llama."""
+def _fsdp2(info, dev, model_name="tiny-llama"):
+    """One step of FSDP2 (each decoder layer a unit, then the root); the parameter shapes of each unit."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
     from coursekit.comm.counter import CollectiveCounter
 
-    model = _tiny_llama().to(dev)
-    layers = [sum(p.numel() for p in layer.parameters()) for layer in model.model.layers]
-    root = sum(p.numel() for p in model.parameters()) - sum(layers)
+    model = _tiny_llama(model_name).to(dev)
+    layers = [[list(p.shape) for p in layer.parameters()] for layer in model.model.layers]
+    in_layers = {id(p) for layer in model.model.layers for p in layer.parameters()}
+    root = [list(p.shape) for p in model.parameters() if id(p) not in in_layers]
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
-    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(info.rank)).to(dev)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(info.rank))
     with CollectiveCounter() as cc:
-        model(input_ids=ids, labels=ids).loss.backward()
+        model(input_ids=ids.to(dev), labels=ids.to(dev)).loss.backward()
     return {"layers": layers, "root": root, "records": [r.to_dict() for r in cc.records]}
 
 
@@ -151,7 +152,8 @@ def _worker() -> None:
     with ckdist.session(seed=0) as info:
         dev = info.device
         report({"rank": info.rank, "world": info.world_size, "paths": _paths(info, dev),
-                "ddp": _ddp_steps(info, dev), "fsdp2": _fsdp2(info, dev), "tp": _tensor_parallel(info, dev),
+                "ddp": _ddp_steps(info, dev), "fsdp2": _fsdp2(info, dev),
+                "fsdp2_odd": _fsdp2(info, dev, ODD_LLAMA), "tp": _tensor_parallel(info, dev),
                 "ring": _ring(info, dev)})
 
 
@@ -213,19 +215,31 @@ def test_ddp_all_reduce_bytes_equal_the_volume_model_exactly(results):
             assert _plan(recs) == model, (i, s)
             ar = [r for r in recs if r["op"] == "all_reduce"]
             assert sum(r["bytes"] for r in ar) == psi * 4 == volume.payload_bytes(volume.ddp(psi, n))
-            assert len(ar) == len(s["bucket_bytes"]) == (1 if i == 0 else len(ar))  # step 0: one bucket
+            # one all-reduce per bucket, of that bucket's bytes: the counter agrees with DDP's own reducer
+            assert sorted(r["bytes"] for r in ar) == sorted(s["bucket_bytes"])
+            if i == 0:  # the first step: every gradient in one bucket
+                assert len(ar) == 1
             wire = sum(volume.wire_bytes("all_reduce", r["bytes"], n) for r in ar)
             assert wire == pytest.approx(2 * (n - 1) / n * psi * 4, rel=1e-12)
         assert len(d["steps"][2]["bucket_bytes"]) > 1  # after the rebuild: 0.1 MiB buckets
 
 
-def test_fsdp2_collectives_equal_the_volume_model(results):
+def _padded(shapes, n):
+    """Elements of a unit as FSDP2 lays it out for n ranks: each parameter's dim 0 rounded up to a multiple of n."""
+    return sum(-(-s[0] // n) * n * math.prod(s[1:]) for s in shapes)
+
+
+@pytest.mark.parametrize("key", ["fsdp2", "fsdp2_odd"])
+def test_fsdp2_collectives_equal_the_volume_model(results, key):
     for res in results:
-        f, n = res["fsdp2"], res["world"]
+        f, n = res[key], res["world"]
+        layers, root = [_padded(u, n) for u in f["layers"]], _padded(f["root"], n)
+        unpadded = [sum(math.prod(s) for s in u) for u in f["layers"]]
+        # tiny-Llama's dims divide by 2 (no padding); the odd model's vocab and MLP rows do not
+        assert (layers == unpadded) == (key == "fsdp2")
         # every layer all-gathers for forward and again for backward, then reduce-scatters its gradients; FSDP2
-        # keeps the root's parameters from forward to backward, so the root gathers once (tiny-Llama dims divide
-        # by 2, so there is no padding)
-        model = volume.merge(volume.fsdp(f["layers"], n) + volume.fsdp(f["root"], n, reshard_after_forward=False))
+        # keeps the root's parameters from forward to backward, so the root gathers once
+        model = volume.merge(volume.fsdp(layers, n) + volume.fsdp(root, n, reshard_after_forward=False))
         assert _plan(f["records"]) == model
         assert {r["impl"] for r in f["records"]} == {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_"}
 
