@@ -21,6 +21,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from pydantic import ValidationError
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -102,15 +103,21 @@ def _ds_base() -> dict:
             "zero_optimization": {"stage": 2, "overlap_comm": False}}
 
 
-@pytest.mark.parametrize("mutate, text", [
-    (lambda d: d.update(gradient_clippin=1.0), None),                              # top-level typo
-    (lambda d: d["zero_optimization"].update(overlap_com=True), None),             # typo inside a section
-    (lambda d: d["zero_optimization"].update(stage="two"), None),                  # wrong type
-    (lambda d: d.update(bf16={"enabled": True}, fp16={"enabled": True}), None),    # contradictory
-    (None, '{"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": 8}'),  # duplicate key
-    (None, '{"train_micro_batch_size_per_gpu": 4,}'),                              # not JSON
+@pytest.mark.parametrize("mutate, text, error, match", [
+    (lambda d: d.update(gradient_clippin=1.0), None,                               # top-level typo
+     ValueError, r"never reads the top-level key\(s\) \['gradient_clippin'\]"),
+    (lambda d: d["zero_optimization"].update(overlap_com=True), None,              # typo inside a section
+     ValidationError, r"DeepSpeedZeroConfig\s+overlap_com\s+Extra inputs are not permitted"),
+    (lambda d: d["zero_optimization"].update(stage="two"), None,                   # wrong type
+     ValidationError, r"DeepSpeedZeroConfig\s+stage\s+Input should be 0, 1, 2, 3"),
+    (lambda d: d.update(bf16={"enabled": True}, fp16={"enabled": True}), None,     # contradictory
+     AssertionError, "bfloat16 and fp16 modes cannot be simultaneously enabled"),
+    (None, '{"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": 8}',  # duplicate key
+     ValueError, r"Duplicate keys in DeepSpeed config: \['train_micro_batch_size_per_gpu'\]"),
+    (None, '{"train_micro_batch_size_per_gpu": 4,}',                               # not JSON
+     json.JSONDecodeError, "Expecting property name enclosed in double quotes"),
 ], ids=["top-level-typo", "section-typo", "wrong-type", "fp16-and-bf16", "duplicate-key", "trailing-comma"])
-def test_deepspeed_check_rejects_a_broken_config(tmp_path, mutate, text):
+def test_deepspeed_check_rejects_a_broken_config(tmp_path, mutate, text, error, match):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(_ds_base()))
     check_deepspeed_json(good)  # the unbroken base passes
@@ -120,7 +127,7 @@ def test_deepspeed_check_rejects_a_broken_config(tmp_path, mutate, text):
         text = json.dumps(d)
     bad = tmp_path / "bad.json"
     bad.write_text(text)
-    with pytest.raises(Exception):
+    with pytest.raises(error, match=match):
         check_deepspeed_json(bad)
 
 
@@ -206,17 +213,24 @@ DS_BASE = ACCEL_BASE.replace("MULTI_GPU", "DEEPSPEED").replace("mixed_precision:
     "  deepspeed_config_file: ds.json\n  zero3_init_flag: false\n"
 
 
-@pytest.mark.parametrize("base, old, new", [
-    (ACCEL_BASE, "distributed_type:", "distributed_typ:"),                        # top-level typo
-    (ACCEL_BASE, "MULTI_GPU", "MULTI_GPUS"),                                      # not a DistributedType
-    (FSDP_BASE, "fsdp_reshard_after_forward", "fsdp_reshard_after_forwrd"),       # nested typo
-    (FSDP_BASE, "SHARDED_STATE_DICT", "SHARDED_STATE_DICTT"),                     # bad FSDP value
-    (FSDP_BASE, "TRANSFORMER_BASED_WRAP", "TRANSFORMER_WRAP"),                    # bad wrap policy
-    (DS_BASE, "zero3_init_flag: false", "zero3_init_flag: false\n  zero_stage: 2"),  # duplicated in the JSON's place
-    (DS_BASE, "ds.json", "missing.json"),                                         # referenced file absent
+@pytest.mark.parametrize("base, old, new, error, match", [
+    (ACCEL_BASE, "distributed_type:", "distributed_typ:",                         # top-level typo
+     ValueError, "A `distributed_type` must be specified"),
+    (ACCEL_BASE, "MULTI_GPU", "MULTI_GPUS",                                       # not a DistributedType
+     ValueError, "'MULTI_GPUS' is not a valid DistributedType"),
+    (FSDP_BASE, "fsdp_reshard_after_forward", "fsdp_reshard_after_forwrd",        # nested typo
+     ValueError, "fsdp_config.fsdp_reshard_after_forwrd is not an `accelerate launch` option"),
+    (FSDP_BASE, "SHARDED_STATE_DICT", "SHARDED_STATE_DICTT",                      # bad FSDP value
+     KeyError, "SHARDED_STATE_DICTT"),
+    (FSDP_BASE, "TRANSFORMER_BASED_WRAP", "TRANSFORMER_WRAP",                     # bad wrap policy
+     ValueError, "Invalid auto wrap policy: TRANSFORMER_WRAP"),
+    (DS_BASE, "zero3_init_flag: false", "zero3_init_flag: false\n  zero_stage: 2",  # duplicated in the JSON's place
+     ValueError, r"When using `deepspeed_config_file`, the following .* will be ignored: \[.*'zero_stage'"),
+    (DS_BASE, "ds.json", "missing.json",                                          # referenced file absent
+     FileNotFoundError, "deepspeed_config_file missing.json does not exist"),
 ], ids=["top-level-typo", "bad-enum", "nested-typo", "bad-fsdp-value", "bad-wrap-policy",
         "ds-key-beside-json", "missing-ds-json"])
-def test_accelerate_check_rejects_a_broken_config(tmp_path, base, old, new):
+def test_accelerate_check_rejects_a_broken_config(tmp_path, base, old, new, error, match):
     (tmp_path / "ds.json").write_text(json.dumps(_ds_base()))
     good = tmp_path / "good.yaml"
     good.write_text(base)
@@ -224,5 +238,5 @@ def test_accelerate_check_rejects_a_broken_config(tmp_path, base, old, new):
     assert old in base
     bad = tmp_path / "bad.yaml"
     bad.write_text(base.replace(old, new))
-    with pytest.raises(Exception):
+    with pytest.raises(error, match=match):
         check_accelerate_yaml(bad, cwd=tmp_path)
