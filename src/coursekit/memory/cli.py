@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from coursekit.memory import answers
 from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
 from coursekit.memory.calculator import estimate
 from coursekit.memory.config import PP_SCHEDULES, TrainConfig
@@ -98,8 +99,8 @@ def run(ns: argparse.Namespace) -> dict | str:
                                                                                           ("batch", "seq"))
     for k in need:
         if kw[k] is None:
-            raise ConfigError(f"--{k} is required")
-    solution = None
+            raise ConfigError(answers.missing_argument(k, ns.solve))
+    solution, given = None, dict(kw)
     if ns.solve:
         if not ns.gpu:
             raise ConfigError("--solve needs --gpu")
@@ -125,7 +126,7 @@ def run(ns: argparse.Namespace) -> dict | str:
         return d
     text = e.table()
     if solution is not None:
-        text = f"solution: {solution}\n{text}"
+        text = f"{answers.describe(ns.solve, ns.model, given, solution, e)}\n{text}"
     return text
 
 

@@ -47,17 +47,25 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("RTX-4090", 24 * GiB, 165.2e12, 82.6e12, 82.6e12),  # fp16/bf16 with fp32 accumulate
     GPU("MI300X", 192 * GiB, 1307.4e12, 163.4e12, 653.7e12),
 )}
-_ALIASES = {"h100": "H100-80GB", "h100-sxm": "H100-80GB", "a100": "A100-80GB", "rtx4090": "RTX-4090",
-            "4090": "RTX-4090", "h200-141gb": "H200"}
+# Other spellings of one GPU only: a family name with several memory sizes or form factors ("H100": 80GB SXM or
+# PCIe; "A100": 40GB or 80GB) is refused with the candidates, never resolved silently.
+_ALIASES = {"h100-sxm": "H100-80GB", "h100-sxm-80gb": "H100-80GB", "rtx4090": "RTX-4090", "4090": "RTX-4090",
+            "h200-141gb": "H200"}
 
 
 def gpu(name: str) -> GPU:
-    """The GPU called ``name`` (case-insensitive; a ConfigError lists the known names)."""
+    """The GPU called ``name`` (case-insensitive; a ConfigError names the candidates of an ambiguous or partial
+    name, or lists the known names)."""
     if isinstance(name, GPU):
         return name
     key = str(name).lower()
     key = _ALIASES.get(key, key).lower()
     if key not in _BY_LOWER:
+        starts = [n for n in GPUS if n.lower().startswith(key)] if key else []
+        if len(starts) > 1:
+            raise ConfigError(f"ambiguous gpu {name!r}: {' or '.join(starts)}; give the full name")
+        if starts:
+            raise ConfigError(f"unknown gpu {name!r}; did you mean {starts[0]}?")
         raise ConfigError(f"unknown gpu {name!r}; known: {', '.join(GPUS)}")
     return _BY_LOWER[key]
 
