@@ -5,11 +5,19 @@ its release and a gradebook, made once per batch), so parallel graders never sha
 test cells from that gradebook, runs the notebook in a fresh kernel with the per-cell timeout of
 ``nbgrader_config.py`` and records its scores. Those scores come from the student's kernel, which the student's
 code controls: the grader reports them next to the independent re-check (``recheck``), whose score is final.
+
+With an ``isolation`` the kernel runs in an OS sandbox (``isolation``): nbgrader finds a ``python3`` kernel spec
+whose command starts the kernel through bwrap, and talks to it over Unix sockets in a folder the sandbox shares
+(``transport = ipc``: the sandbox has a network of its own, so TCP on the grader's loopback is out of its reach).
+Every process the notebook starts (a torchrun job of a lab cell) runs inside that sandbox too.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -23,7 +31,25 @@ def prepare_template(course: Course, lab: Lab, dest: Path) -> Path:
     return dest
 
 
-def autograde(course: Course, lab: Lab, template: Path, student: str, notebook: Path, workdir: Path) -> dict:
+def sandboxed_kernel(isolation, workdir: Path) -> dict:
+    """Make nbgrader start its kernel in a sandbox; returns the config sections that point it there."""
+    sock = workdir / "kernel"
+    sock.mkdir(parents=True, exist_ok=True)
+    os.chmod(sock, 0o777)  # the kernel's user creates its sockets here
+    spec = workdir / "kernel-sandbox.json"
+    spec.write_text(json.dumps({"isolation": isolation.to_dict(), "socket_dir": str(sock)}))
+    kdir = workdir / "jupyter" / "kernels" / "python3"
+    kdir.mkdir(parents=True, exist_ok=True)
+    (kdir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "coursekit.course.isolation", "kernel", str(spec), "{connection_file}"],
+        "display_name": "Python 3 (coursekit sandbox)", "language": "python",
+        "interrupt_mode": "message"}))  # a signal to bwrap would not reach the kernel in its own session
+    os.environ["JUPYTER_PATH"] = str(workdir / "jupyter")  # this grader process grades one submission only
+    return {"KernelManager": {"transport": "ipc", "ip": str(sock / "kernel")}}
+
+
+def autograde(course: Course, lab: Lab, template: Path, student: str, notebook: Path, workdir: Path,
+              isolation=None) -> dict:
     """Run nbgrader's autograde of ``notebook`` for ``student`` in ``workdir`` (a copy of ``template``).
 
     Returns ``{"success", "error", "score", "max_score", "cells": {grade_id: score}, "notebook": path}`` where
@@ -36,6 +62,8 @@ def autograde(course: Course, lab: Lab, template: Path, student: str, notebook: 
     sections = {}
     if lab.settings.cell_timeout:
         sections["Execute"] = {"timeout": int(lab.settings.cell_timeout)}
+    if isolation is not None and isolation.on:
+        sections.update(sandboxed_kernel(isolation, workdir))
     api = nbgrader_api(course, workdir, **sections)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

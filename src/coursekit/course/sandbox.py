@@ -99,8 +99,10 @@ class StudentProcess:
     """Grader side: starts, calls and (after a hang or crash) restarts the student's process."""
 
     def __init__(self, chunks, names, *, call_timeout: float = 60.0, start_timeout: float = 120.0,
-                 cwd: str | None = None, env: dict | None = None, log_path: str | None = None, max_starts: int = 4):
+                 cwd: str | None = None, env: dict | None = None, log_path: str | None = None, max_starts: int = 4,
+                 isolation=None):
         self.chunks = [(c.label, c.source) for c in chunks]
+        self.isolation = isolation  # coursekit.course.isolation.Isolation: every start in a fresh OS sandbox
         self.names = list(names)
         self.call_timeout, self.start_timeout = call_timeout, start_timeout
         self.cwd, self.env, self.log_path, self.max_starts = cwd, env, log_path, max_starts
@@ -121,10 +123,12 @@ class StudentProcess:
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        argv = [sys.executable, "-m", "coursekit.course.sandbox", str(req_r), str(resp_w)]
+        if self.isolation is not None and self.isolation.on:
+            argv = self.isolation.wrap(argv, env=self.env)  # its own user, files, network, limits (cwd: its /tmp)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "coursekit.course.sandbox", str(req_r), str(resp_w)],
-                pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv, pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.cwd, env=self.env, start_new_session=True)
         finally:
             os.close(req_r)
