@@ -1,0 +1,81 @@
+"""Saved activation bytes of one context-parallel attention call, measured and modelled, per CP rank.
+
+``AttentionBlock`` is the attention of an HF Llama layer without RoPE: q/k/v projections, the CP attention core,
+o_proj. ``measured_bytes`` runs it through the course's one measurement path (``coursekit.measure.activations``:
+saved-for-backward storages, deduplicated) and splits the bytes by module; ``modelled_bytes`` is what the
+calculator (``coursekit.memory.activations``, ``cp=C``) predicts for the same tensors, plus what it does not model.
+
+What each implementation keeps, per rank, with n = b·s/C tokens, a heads, kvh K/V heads, d head dim, P bytes:
+    ring     q, k, v of its own rows, the output, fp32 log-sum-exp: n·(a + 2·kvh)·d·P + 4·n·a — exactly the
+             calculator's flash-attention terms at s/C (``attn.q_rope`` ... ``attn.core_out``); the output is stored
+             so that o_proj's input is the same storage.
+    ulysses  the local SDPA saves its head-sharded q, k, v, output and log-sum-exp (the same sizes), *and* o_proj
+             saves the output again after the all-to-all back: + n·a·d·P. With kvh < C each rank also keeps a whole
+             replicated K/V head over the full sequence: k and v hold b·s·d instead of n·kvh·d elements each.
+"""
+from __future__ import annotations
+
+import torch
+
+from coursekit.measure.activations import saved_activation_bytes
+
+
+class _Core(torch.nn.Module):
+    """The attention function as a module, so the measurement attributes its saved tensors to it."""
+
+    def __init__(self, attention):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, q, k, v):
+        return self.attention(q, k, v)
+
+
+class AttentionBlock(torch.nn.Module):
+    """x (b, s/C, hidden) -> q, k, v projections -> ``attention(q, k, v)`` -> o_proj, as HF Llama lays tensors out."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, attention):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.q_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = torch.nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v_proj = torch.nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.core = _Core(attention)
+        self.o_proj = torch.nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, input_ids, labels=None, use_cache=False):  # the measurement's calling convention; x = input_ids
+        b, s, _ = input_ids.shape
+        heads = lambda t, n: t.view(b, s, n, self.head_dim).transpose(1, 2)  # noqa: E731  (b, n, s, d)
+        q = heads(self.q_proj(input_ids), self.heads)
+        k, v = heads(self.k_proj(input_ids), self.kv_heads), heads(self.v_proj(input_ids), self.kv_heads)
+        out = self.core(q, k, v)  # (b, heads, s, d)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def measured_bytes(block: AttentionBlock, x: torch.Tensor) -> dict[str, int]:
+    """Saved bytes of one forward of ``block`` on this rank's ``x``: the attention core, o_proj's input, and their
+    sum ``attention`` (the projections' saved input x is the norm's output, counted elsewhere)."""
+    r = saved_activation_bytes(block, x, breakdown=True)
+    core, o_proj = r["by_module"].get("core", 0), r["by_module"].get("o_proj", 0)
+    return {"core": core, "o_proj_input": o_proj, "attention": core + o_proj}
+
+
+def modelled_bytes(impl: str, *, batch: int, seq: int, hidden: int, heads: int, kv_heads: int, cp: int,
+                   dtype: str = "fp32") -> dict[str, int]:
+    """The calculator's attention terms at ``cp`` (HF Llama on CPU, flash SDPA) and, for Ulysses, the terms it
+    lacks. Returns {"calculator": ..., "not_in_calculator": ..., "attention": sum}."""
+    from coursekit.memory.activations import DTYPE_BYTES, activation_bytes
+    from coursekit.memory.shapes import ModelShape
+
+    shape = ModelShape(layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=256, ffn=hidden)
+    terms = activation_bytes(shape, batch, seq, dtype=dtype, kernels="cpu", cp=cp).per_layer
+    calc = sum(v for k, v in terms.items() if k.startswith("attn."))
+    P, d, n = DTYPE_BYTES[dtype], hidden // heads, batch * seq // cp
+    extra = 0
+    if impl == "ulysses" and cp > 1:
+        extra += n * heads * d * P  # the output twice: head-sharded (saved by SDPA) and sequence-sharded (o_proj)
+        if kv_heads < cp:  # one replicated K/V head over the whole sequence, instead of kv_heads over s/C
+            extra += 2 * (batch * seq * d - n * kv_heads * d) * P
+    elif impl != "ring":
+        raise ValueError(f"unknown implementation {impl!r}")
+    return {"calculator": calc, "not_in_calculator": extra, "attention": calc + extra}
