@@ -90,6 +90,10 @@ def test_sizes_parse_like_nccl_tests():
         parse_sizes("1X")
 
 
+N2_FACTORS = {"all_reduce": 1.0, "ring_all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5,
+              "all_to_all": 0.5, "broadcast": 1.0}
+
+
 def test_benchmark_rows_follow_nccl_tests_definitions(tmp_path, no_orphans):
     ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "ring_all_reduce"]
     rows = run_benchmark(nproc=2, ops=ops, sizes="4K,1M", iters=3, warmup=1, timeout=120)
@@ -98,8 +102,9 @@ def test_benchmark_rows_follow_nccl_tests_definitions(tmp_path, no_orphans):
         assert r["world_size"] == 2 and r["backend"] == "gloo" and r["count"] * 4 == r["size"]
         assert r["time_us"] >= r["time_us_avg"] > 0  # the slowest rank's time is reported
         assert r["algbw"] == pytest.approx(r["size"] / (r["time_us"] * 1e-6) / 1e9)
-        factor = volume.busbw_factor("all_reduce" if r["op"] == "ring_all_reduce" else r["op"], 2)
-        assert r["busbw"] == pytest.approx(r["algbw"] * factor)
+        # nccl-tests' bus-bandwidth factors worked out for n = 2 (doc/PERFORMANCE.md: 2(n-1)/n, (n-1)/n, 1);
+        # test_comm_counter checks that the benchmark issues the collective and bytes it names
+        assert r["busbw"] == pytest.approx(r["algbw"] * N2_FACTORS[r["op"]])
     png = plot_busbw(rows, tmp_path / "busbw.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 

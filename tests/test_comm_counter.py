@@ -145,6 +145,22 @@ def _ring(info, dev):
     return {"payload": t.numel() * 4, "summary": cc.summary(), "ok": bool((t == info.world_size).all())}
 
 
+def _bench_calls(info, dev):
+    """What each benchmark call (coursekit.comm.bench) issues: the counted records next to the size it reports."""
+    import torch
+
+    from coursekit.comm.bench import OPS, _make
+    from coursekit.comm.counter import CollectiveCounter
+
+    out = {}
+    for op in OPS:
+        _, nbytes, call = _make(op, 4096, info.world_size, torch.float32, torch.device(dev))
+        with CollectiveCounter() as cc:
+            call()
+        out[op] = {"size": nbytes, "records": [r.to_dict() for r in cc.records]}
+    return out
+
+
 def _worker() -> None:
     from coursekit import dist as ckdist
     from coursekit.launch import report
@@ -154,7 +170,7 @@ def _worker() -> None:
         report({"rank": info.rank, "world": info.world_size, "paths": _paths(info, dev),
                 "ddp": _ddp_steps(info, dev), "fsdp2": _fsdp2(info, dev),
                 "fsdp2_odd": _fsdp2(info, dev, ODD_LLAMA), "tp": _tensor_parallel(info, dev),
-                "ring": _ring(info, dev)})
+                "ring": _ring(info, dev), "bench": _bench_calls(info, dev)})
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +280,17 @@ def test_ring_all_reduce_sends_exactly_the_ring_wire_bytes(results):
         assert ring["summary"]["send"]["bytes"] == wire == ring["summary"]["recv"]["bytes"]
         assert ring["summary"]["send"]["calls"] == 2 * (n - 1)
         assert set(ring["summary"]) == {"send", "recv"}  # built from point-to-point only
+
+
+def test_benchmark_issues_the_collective_and_size_it_reports(results):
+    for res in results:
+        for op, b in res["bench"].items():
+            recs = b["records"]
+            if op == "ring_all_reduce":  # sends and receives: 2(n-1) chunks of S/n each way = S · 2(n-1)/n sent
+                sent = sum(r["bytes"] for r in recs if r["op"] == "send")
+                assert {r["op"] for r in recs} == {"send", "recv"} and sent == b["size"] * 2 * (NPROC - 1) / NPROC
+            else:
+                assert [(r["op"], r["bytes"], r["group_size"]) for r in recs] == [(op, b["size"], NPROC)], op
 
 
 if __name__ == "__main__":
