@@ -24,7 +24,7 @@ from coursekit.memory.errors import ConfigError
 from coursekit.memory.gpus import GPUS, GiB
 from coursekit.memory.presets import PRESETS
 from coursekit.memory.solvers import max_micro_batch, max_seq_len, min_gpus
-from coursekit.memory.engines import NAMES as ENGINES
+from coursekit.memory.engines import REGISTRY as ENGINES
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
 
 SOLVE = ("max-batch", "max-seq", "min-gpus")

@@ -23,7 +23,8 @@ class TrainConfig:
     dtype: str = "bf16"
     """Activation / compute dtype: bf16, fp16 or fp32."""
     precision: str | None = None
-    """Model-state convention: 16psi, 18psi, 20psi, fp32 (None: 16psi for bf16/fp16, fp32 for fp32)."""
+    """Model-state convention: 16psi, 18psi, 20psi, fp32 (None: 16psi for bf16/fp16, fp32 for fp32). fp32 with dtype
+    bf16 is torch autocast (fp32 weights, grads and states; bf16 compute), as coursekit's trainer runs --dtype bf16."""
     optimizer: str = "adamw"
     """adamw / adam (2 states), sgd (momentum, 1), sgd-nomomentum (0), lion (1)."""
     attention: str = "sdpa"
@@ -46,6 +47,9 @@ class TrainConfig:
     """Data-parallel engine: deepspeed (ZeRO semantics), fsdp2, ddp."""
     fsdp_reshard: bool = True
     """FSDP2 reshard_after_forward: True frees each unit after its forward; False keeps all unsharded to backward."""
+    ddp_bucket_view: bool = True
+    """DDP gradient_as_bucket_view (coursekit's trainer: True): each .grad is a view into the reducer's buckets, so
+    gradients cost their bytes once; False (torch's default): the buckets are a second copy of all gradients."""
     hsdp_shard: int | None = None
     """HSDP: shard group size (dp = replicas x shard group); None: shard over all of dp."""
     tp: int = 1
@@ -82,14 +86,17 @@ class TrainConfig:
         if self.precision is None:
             s("precision", "fp32" if self.dtype == "fp32" else "16psi")
         choice("precision", self.precision, PRECISIONS)
-        if self.precision == "fp32" and self.dtype != "fp32":
-            raise ConfigError("precision fp32 keeps fp32 weights; use dtype fp32 (or a 16/18/20psi precision)")
+        if self.precision == "fp32" and self.dtype != "fp32" and not getattr(engines.REGISTRY.get(self.engine),
+                                                                           "autocast", False):
+            amp = " or ".join(n for n, e in engines.REGISTRY.items() if e.autocast)
+            raise ConfigError(f"precision fp32 keeps fp32 weights; use dtype fp32 (or a 16/18/20psi precision); fp32 "
+                              f"weights with {self.dtype} compute (torch autocast) are modelled for engine {amp}")
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("attention", self.attention, ATTENTION)
         choice("impl", self.impl, IMPLS)
         choice("kernels", self.kernels, KERNELS)
         choice("recompute", self.recompute, RECOMPUTE)
-        choice("engine", self.engine, engines.NAMES)
+        choice("engine", self.engine, engines.REGISTRY)
         choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
         choice("offload", self.offload, OFFLOAD)
         choice("offload_params", self.offload_params, OFFLOAD)

@@ -87,7 +87,7 @@ def check_options(*, precision: str, optimizer: str, engine: str, zero: int, off
 
     choice("precision", precision, PRECISIONS)
     choice("optimizer", optimizer, OPTIMIZERS)
-    choice("engine", engine, engines.NAMES)
+    choice("engine", engine, engines.REGISTRY)
     choice("offload", offload, OFFLOAD)
     choice("offload_params", offload_params, OFFLOAD)
     if zero not in (0, 1, 2, 3):

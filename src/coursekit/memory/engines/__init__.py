@@ -15,13 +15,12 @@ from coursekit.memory.engines.deepspeed import DeepSpeed
 from coursekit.memory.engines.fsdp2 import FSDP2
 from coursekit.memory.errors import choice
 
-REGISTRY: dict[str, Engine] = {e.name: e for e in (DeepSpeed(), FSDP2(), DDP())}
-NAMES = tuple(REGISTRY)  # ("deepspeed", "fsdp2", "ddp"): the first is TrainConfig's default
+REGISTRY: dict[str, Engine] = {e.name: e for e in (DeepSpeed(), FSDP2(), DDP())}  # the first: TrainConfig's default
 
 
 def get(name: str) -> Engine:
     """The engine called ``name``; a ConfigError listing the names otherwise."""
-    return REGISTRY[choice("engine", name, NAMES)]
+    return REGISTRY[choice("engine", name, REGISTRY)]
 
 
-__all__ = ["Engine", "NAMES", "REGISTRY", "get"]
+__all__ = ["Engine", "REGISTRY", "get"]

@@ -18,6 +18,7 @@ from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, PRECISIONS
 class FSDP2(Engine):
     name = "fsdp2"
     hybrid_shard = True
+    autocast = True  # precision fp32 + dtype bf16: fp32 shards and units, bf16 compute (no MixedPrecisionPolicy)
 
     def check(self, *, zero: int, offload: str, offload_params: str) -> None:
         super().check(zero=zero, offload=offload, offload_params=offload_params)
