@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch  # hard dependencies: a broken install fails here, it does not skip
+import transformers  # noqa: F401
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from coursekit.measure import tensor_bytes  # noqa: E402
-from coursekit.measure.phases import MasterAdamW, PhaseProbe, measure_step  # noqa: E402
+from coursekit.measure import tensor_bytes
+from coursekit.measure.phases import MasterAdamW, PhaseProbe, measure_step
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.py"

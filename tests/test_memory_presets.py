@@ -4,11 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+import transformers
 
 from coursekit.memory import PRESETS, ConfigError, ModelShape, from_hf_config, preset, to_hf_config_dict
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 
 def meta_numels(hf_kwargs: dict) -> tuple[int, ...]:

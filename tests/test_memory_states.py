@@ -76,7 +76,7 @@ def test_tp_pp_split_parameters():
 
 def test_fp32_adamw_measured_with_torch():
     """Pure fp32 AdamW holds 16 bytes per parameter: 4 weight + 4 gradient + 8 (m, v)."""
-    torch = pytest.importorskip("torch")
+    import torch
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(8, 64)).sum().backward()
