@@ -323,6 +323,20 @@ def test_shard_layouts_roundtrip():
     assert [S.layout_for(i) for i in ("ulysses", "ring")] == ["contiguous", "zigzag"]
 
 
+@pytest.mark.slow  # one more 2-process launch (~8 s idle) for a script whose parts the launch above already checks
+def test_bench_cp_quick(no_orphans, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_cp", Path(__file__).resolve().parents[1] / "bench/bench_cp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--quick", "--nproc", "2"])
+    assert {(r["seq"], r["impl"]) for r in rows} == {(s, i) for s in (32, 64) for i in ("ulysses", "ring")}
+    for r in rows:
+        assert r["sent_bytes"] == r["sent_model"] and r["saved_bytes"] == r["saved_model"] and r["ms"] > 0, r
+    assert "fwd+bwd ms" in capsys.readouterr().out
+
+
 # -- GPU: torch's context_parallel next to ours, where it runs ------------------------------------------------------
 def _cuda_count() -> int:
     import torch
