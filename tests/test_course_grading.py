@@ -190,7 +190,9 @@ def test_feedback_has_scores_and_no_hidden_test_source(graded):
 
 def test_report_figure_and_table(graded, tmp_path):
     data = load(graded["out"])
-    assert set(data) == {"toy", "toy2"} and len(data["toy"]["square"]) == len(graded["cases"]) + 3
+    # every toy submission but "absent"'s (missing: not a zero); toy2: only "solution" submitted it
+    assert set(data) == {"toy", "toy2"} and len(data["toy"]["square"]) == len(graded["cases"]) + 2
+    assert len(data["toy2"]["square"]) == 1
     text = table(data)
     assert re.search(r"toy\s+square", text) and re.search(r"toy\s+hyp", text)
     png = figure(data, tmp_path / "dist.png")

@@ -6,7 +6,7 @@
 #     autograde_timeout: 1200
 #     ci_autograde: true
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -86,6 +86,7 @@ def count_params(shape: dict) -> int:
 assert count_params(preset("tiny-llama").to_dict()) == count_parameters("tiny-llama"), \
     "tiny-llama: compare your terms with [(n, p.shape) for n, p in build_model('tiny-llama').named_parameters()]"
 assert count_params(preset("llama3-8b").to_dict()) == 8_030_261_248, "Llama 3 8B has 8,030,261,248 parameters"
+print("count_params: tiny-llama and Llama 3 8B (8,030,261,248) match transformers")
 
 # %% nbgrader={"grade": true, "grade_id": "count_params_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests check count_params on other models (tied embeddings, grouped-query attention, odd sizes).
@@ -133,6 +134,7 @@ assert model_state_bytes(1_000_000) == {"parameters": 2_000_000, "gradients": 2_
                                         "master_weights": 4_000_000, "optimizer_states": 8_000_000,
                                         "total": 16_000_000}
 assert model_state_bytes(7_000_000_000)["total"] == 112_000_000_000, "7B parameters: 16 bytes each"
+print("model_state_bytes: 16 bytes per parameter for bf16 weights + AdamW (112 GB for 7B)")
 
 # %% nbgrader={"grade": true, "grade_id": "model_state_bytes_hidden", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 # Hidden tests check every precision and optimizer.
@@ -185,6 +187,7 @@ def layer_activation_bytes(shape: dict, batch: int, seq: int, dtype_bytes: int) 
 
 # %% nbgrader={"grade": true, "grade_id": "layer_activation_bytes_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert layer_activation_bytes(preset("tiny-llama").to_dict(), 2, 64, 4) == 658_432
+print("layer_activation_bytes: 658,432 B for one tiny-llama layer (batch 2, seq 64, fp32)")
 
 # %% nbgrader={"grade": true, "grade_id": "layer_activation_bytes_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests check other models, batch sizes, sequence lengths and bf16.
@@ -224,7 +227,9 @@ _measured = measured_layer_bytes("tiny-llama", 2, 64)
 print(f"formula {_formula:,} B, measured {_measured:,} B, difference {_measured - _formula:+,} B")
 
 # %% nbgrader={"grade": true, "grade_id": "measured_layer_bytes_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert measured_layer_bytes("tiny-llama", 2, 64) == 658_432
+_bytes = measured_layer_bytes("tiny-llama", 2, 64)
+assert _bytes == 658_432, f"measured {_bytes:,} B"
+print(f"measured_layer_bytes: {_bytes:,} B measured, as the formula says")
 
 # %% nbgrader={"grade": true, "grade_id": "measured_layer_bytes_hidden", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 # Hidden tests measure other batch sizes, sequence lengths and bf16.
@@ -268,11 +273,12 @@ def benchmark_all_reduce(sizes: list, nproc: int = 4) -> list:
 # %% nbgrader={"grade": true, "grade_id": "collectives_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert close(bus_bandwidth("all_reduce", 1e9, 1.0, 4), 1.5)
 _rows = benchmark_all_reduce([2**14, 2**20])
-print(format_table(_rows))
 assert [r["size"] for r in _rows] == [2**14, 2**20] and all(r["world_size"] == 4 for r in _rows)
 for _r in _rows:
     assert close(bus_bandwidth("all_reduce", _r["size"], _r["time_us"] * 1e-6, 4), _r["busbw"], rel=1e-6), \
         "your bus bandwidth disagrees with the benchmark's busbw column"
+print(f"collectives: all_reduce of 1 MiB on 4 processes, bus bandwidth {_rows[-1]['busbw']:.2f} GB/s, as the "
+      "benchmark computes it (format_table(rows) shows them all)")
 
 # %% nbgrader={"grade": true, "grade_id": "collectives_hidden", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 # Hidden tests check the bus bandwidth of other collectives and numbers of ranks.
@@ -339,6 +345,7 @@ for _rank in _res:
         assert close(_rank["outputs"][_case], expected_sum(_size, 2, _case), rel=1e-5, abs_=1e-5), \
             f"rank {_rank['rank']}: wrong sum for a tensor of {_size} elements"
         assert "all_reduce" not in _rank["collectives"][_case], "build it from send/recv, not dist.all_reduce"
+print(f"ring_all_reduce: right sums on both ranks for {RING_SIZES} elements, with send/recv only")
 
 # %% nbgrader={"grade": true, "grade_id": "ring_all_reduce_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests run your ring on 3 processes, with sizes n does not divide, and check the bytes each rank sends.
@@ -395,6 +402,8 @@ assert _lines["activations"]["x"] == [1024, 4096, 16384]
 assert _lines["activations"]["y"][0] < _lines["activations"]["y"][1] < _lines["activations"]["y"][2]
 assert close(_lines["parameters"]["y"][0], _lines["parameters"]["y"][2]), "parameters do not depend on the sequence"
 assert _axes[0]["xlabel"] and _axes[0]["ylabel"], "label your axes"
+print(f"plot_memory_vs_seq: 4 lines; activations grow from {_lines['activations']['y'][0]:.1f} to "
+      f"{_lines['activations']['y'][2]:.1f} GiB between 1k and 16k tokens")
 
 # %% nbgrader={"grade": true, "grade_id": "plot_memory_hidden", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 # Hidden tests check the plotted values for another model and batch size.
@@ -441,6 +450,8 @@ print("one node:", ONE_NODE, "\neight nodes:", EIGHT_NODES)
 assert ONE_NODE["fits"] is False and ONE_NODE["zero"] is None, "70B's 16Ψ = 1.1 TB of state; 8 x 80 GB is 640 GB"
 assert EIGHT_NODES["fits"] is True and EIGHT_NODES["zero"] == 3
 assert ONE_NODE["peak_gib"] > 80 > EIGHT_NODES["peak_gib"]
+print(f"training_plan: one node does not fit ({ONE_NODE['peak_gib']:.0f} GiB per GPU); eight nodes fit at ZeRO-3 "
+      f"({EIGHT_NODES['peak_gib']:.0f} GiB)")
 
 # %% nbgrader={"grade": true, "grade_id": "training_plan_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests check other models, GPUs and cluster sizes.

@@ -6,7 +6,7 @@
 #     autograde_timeout: 1500
 #     cell_timeout: 300
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -126,6 +126,7 @@ assert zero_bytes(PSI, 3, 2) == {"params": 250_496, "grads": 250_496, "master": 
 assert zero_bytes(PSI, 0, 2) == {"params": 500_992, "grads": 500_992, "master": 0, "optimizer": 1_001_984,
                                  "fp32_grads": 0}
 assert zero_bytes(PSI, 1, 2)["grads"] == 500_992, "stage 1 holds whole gradients until the end of backward"
+print("zero_bytes: stages 0, 1 and 3 on 2 ranks match what DeepSpeed held (tiny-llama, fp32)")
 
 # %% nbgrader={"grade": true, "grade_id": "zero_bytes_hidden", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 # Hidden tests compare with DeepSpeed's layout for other sizes, stages, world sizes and bf16.
@@ -174,6 +175,7 @@ def grad_partition_bytes(numels: list, world: int, rank: int, dtype_bytes: int =
 assert grad_partition_bytes([6, 6, 4], 2, 0) == 48 and grad_partition_bytes([6, 6, 4], 2, 1) == 40
 _tiny = layout.model_numels(MODEL)
 assert [grad_partition_bytes(_tiny, 2, r) for r in (0, 1)] == [266_752, 250_624], "measured on tiny-llama, fp32"
+print("grad_partition_bytes: 266,752 B on rank 0 and 250,624 B on rank 1, as DeepSpeed holds them")
 
 # %% nbgrader={"grade": true, "grade_id": "grad_partition_bytes_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests use other layouts (padding, parameters spanning several partitions) and world sizes.
@@ -226,9 +228,10 @@ def budget_config() -> dict:
 # %% nbgrader={"grade": true, "grade_id": "budget_config_visible", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 _runs = train_with_config(budget_config())
 for _f in _runs:
-    print(f"rank: accelerator {_f['accelerator_bytes']:,} B, host {_f['cpu_bytes']:,} B, {_f['tiers']}")
     assert _f["accelerator_bytes"] <= BUDGET_BYTES, f"{_f['accelerator_bytes']:,} B on the accelerator"
     assert _f["losses"][-1] < _f["losses"][0], "it must still train"
+print(f"budget_config: at most {max(_f['accelerator_bytes'] for _f in _runs):,} B on the accelerator per rank "
+      f"(budget {BUDGET_BYTES:,} B), and the loss falls")
 
 # %% nbgrader={"grade": true, "grade_id": "budget_config_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests check that your run trains exactly like DDP (same losses, step by step).
@@ -323,6 +326,7 @@ _lines = {ln["label"]: ln for ax in _axes for ln in ax["lines"]}
 assert _lines["calls"]["x"] == [1000, 100000] and _lines["calls"]["y"] == [50, 5]
 assert _lines["step ms"]["y"] == [30.0, 20.0], "step time on the second axis, only the rbs= rows"
 assert choose_bucket(_rows, 100_000) == "z2" and choose_bucket(_rows[:2], 100_000) == "rbs=1000"
+print("plot_bucket_sweep and choose_bucket: right lines and choices on three hand-made rows")
 
 # %% nbgrader={"grade": true, "grade_id": "bucket_tradeoff_hidden", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 # Hidden tests check the choice at the budget's edge and when nothing fits.
@@ -377,6 +381,7 @@ _s = offload_step(8e9, 8, 1e4, 1e15, 1e10, 1e9)
 assert close(_s["compute_s"], 0.06) and close(_s["transfer_s"], 0.4) and close(_s["cpu_s"], 1.0)
 assert close(_s["step_s"], 1.4) and _s["bound"] == "cpu" and close(_s["gpu_busy"], 0.06 / 1.4)
 assert SMALL_BATCH["bound"] != "compute" and LARGE_BATCH["bound"] == "compute"
+print(f"offload_step: {_s['step_s']:g} s, cpu-bound; small batches starve the GPU, large ones keep it busy")
 
 # %% nbgrader={"grade": true, "grade_id": "offload_step_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests check the other regimes and the boundary.

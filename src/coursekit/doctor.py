@@ -91,27 +91,81 @@ def facts() -> dict:
     return f
 
 
-def labs(f: dict) -> list[tuple[str, str]]:
-    gpu = bool(f["gpus"])
-    where = "GPU (NCCL)" if gpu else "CPU (gloo), 2+ processes"
+def _course_labs() -> tuple[str, list]:
+    """(where the labs were looked for, their manifests): the course around the working directory, else the
+    repository this package was installed from."""
+    from pathlib import Path
+
+    from coursekit.course import manifest
+    from coursekit.course.config import Course, find_root
+
+    roots = []
+    try:
+        roots.append(find_root())
+    except FileNotFoundError:
+        pass
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "nbgrader_config.py").is_file():
+        roots.append(repo)
+    for root in roots:
+        labs_dir = Course(root).labs
+        found = manifest.load(labs_dir)
+        if found:
+            return str(labs_dir), found
+    return "", []
+
+
+def unmet(need: str, f: dict) -> str | None:
+    """What is missing on this machine for one manifest requirement (None: it is met)."""
     ops = f.get("deepspeed_ops", {})
-    return [
-        ("Lab 1 memory + collectives", where),
-        ("Lab 2 DeepSpeed ZeRO", where if f["packages"]["deepspeed"] else "needs deepspeed"),
-        ("Lab 2 CPU offload (DeepSpeedCPUAdam)", "yes" if ops.get("CPUAdam") else "needs a C++ compiler"),
-        ("Lab 2 NVMe offload", "yes" if ops.get("AsyncIO") and f["libaio"] else "needs libaio-dev"),
-        ("Lab 3 FSDP2", where if f["fsdp2"] else "needs torch >= 2.6"),
-        ("Lab 4 TP/PP/CP", where),
-        ("Lab 5 profiling", where),
-        ("Slurm labs", "yes" if f["slurm"]["sbatch"] else "no Slurm client (scripts/slurm-local.sh starts one)"),
-        ("Grading (nbgrader)", "yes" if f["packages"]["nbgrader"] else "needs nbgrader"),
-    ]
+    if need.startswith("package:"):
+        pkg = need.split(":", 1)[1]
+        return None if (f["packages"].get(pkg) or _version(pkg)) else f"needs {pkg} (pip install {pkg})"
+    if need.startswith("deepspeed-op:"):
+        op = need.split(":", 1)[1]
+        hint = "libaio-dev and a C++ compiler" if op == "AsyncIO" else "a C++ compiler"
+        return None if ops.get(op) else f"needs DeepSpeed's {op} op ({hint})"
+    checks = {"libaio": (f["libaio"], "needs libaio-dev (apt-get install libaio-dev)"),
+              "compiler": (f["compiler"], "needs a C++ compiler"),
+              "fsdp2": (f["fsdp2"], "needs torch >= 2.6 (FSDP2)"),
+              "gpu": (f["gpus"], "needs a CUDA GPU"),
+              "slurm": (f["slurm"]["sinfo"], "needs a Slurm controller (scripts/slurm-local.sh starts one)")}
+    ok, msg = checks[need]
+    return None if ok else msg
+
+
+def _verdict(needs: list[str], f: dict, where: str) -> str:
+    missing = [m for m in (unmet(n, f) for n in needs) if m]
+    return "; ".join(missing) if missing else where
+
+
+def labs(f: dict) -> list[tuple[str, str]]:
+    """One row per lab that exists (from its manifest, labs/<lab>/lab.json) and per optional part of it."""
+    where = "yes: GPU (NCCL)" if f["gpus"] else "yes: CPU (gloo), 2+ processes"
+    folder, manifests = _course_labs()
+    rows = []
+    for m in manifests:
+        rows.append((m.label, _verdict(m.needs, f, where)))
+        rows += [(f"  {p.name}", _verdict(p.needs, f, "yes")) for p in m.parts]
+    if not manifests:
+        rows.append(("Labs", "none found (run from the course repository: labs/<lab>/lab.json)"))
+    slurm = f["slurm"]
+    if slurm["sinfo"]:
+        rows.append(("Slurm scripts (slurm/)", "yes: a controller answers"))
+    elif slurm["sbatch"]:
+        rows.append(("Slurm scripts (slurm/)", "no: Slurm client only, no controller answers "
+                                               "(scripts/slurm-local.sh starts a local one)"))
+    else:
+        rows.append(("Slurm scripts (slurm/)", "no Slurm client (scripts/slurm-local.sh installs and starts one)"))
+    rows.append(("Grading (nbgrader)", "yes" if f["packages"]["nbgrader"] else "needs nbgrader"))
+    return rows
 
 
 def main(argv=None) -> int:
     argv = list(argv or [])
     f = facts()
     if "--json" in argv:
+        f["what_runs"] = dict(labs(f))
         print(json.dumps(f, indent=2))
         return 0
     rows = [
@@ -123,7 +177,7 @@ def main(argv=None) -> int:
         *[(k, v or "not installed") for k, v in f["packages"].items()],
         ("DeepSpeed ops", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in f["deepspeed_ops"].items()) or "-"),
         ("C++ compiler", f["compiler"] or "none"), ("libaio", "yes" if f["libaio"] else "no"),
-        ("Slurm", f["slurm"]["sinfo"] or ("client only" if f["slurm"]["sbatch"] else "none")),
+        ("Slurm", f["slurm"]["sinfo"] or ("client only (no controller answers)" if f["slurm"]["sbatch"] else "none")),
     ]
     w = max(len(k) for k, _ in rows)
     print("coursekit doctor\n")

@@ -8,9 +8,17 @@ One source of truth per lab, ``solutions/<lab>/<lab>.py``. From it:
   student version with nbgrader into ``labs/<lab>/`` (committed), both in a canonical form (fixed cell ids,
   sorted keys) so that a rebuild of an unchanged source is byte-identical;
 - ``drift`` rebuilds into a temporary folder and lists every difference with ``labs/`` (a test fails on any).
+
+The notebooks carry the kernelspec and ``language_info`` exactly as JupyterLab's Python kernel (ipykernel) writes
+them, so opening and saving a lab in JupyterLab leaves the committed file as it is. Only ``language_info.version``
+(the Python that built it) may differ between machines: comparisons ignore it, and a build keeps the committed file
+when nothing else changed. ``build`` also rewrites the README's list of labs from the labs' manifests
+(``manifest``).
 """
 from __future__ import annotations
 
+import json
+import platform
 import re
 import shutil
 import tempfile
@@ -26,6 +34,14 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
 _ID_OK = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _JUPYTEXT_CELL_KEYS = ("lines_to_next_cell", "cell_marker", "region_name", "title")
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def language_info() -> dict:
+    """What ipykernel reports (and JupyterLab saves into the notebook) for this Python."""
+    return {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+            "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python", "pygments_lexer": "ipython3",
+            "version": platform.python_version()}
 
 
 @dataclass
@@ -85,7 +101,8 @@ def normalise(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Canonical form: no jupytext bookkeeping, no outputs, cell ids from grade ids (else the cell's position)."""
     nb = nbformat.from_dict(nb)
     nb.metadata.pop("jupytext", None)
-    nb.metadata.setdefault("language_info", {"name": "python"})
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata["language_info"] = language_info()
     nb.nbformat, nb.nbformat_minor = 4, 5
     for i, cell in enumerate(nb.cells):
         for k in _JUPYTEXT_CELL_KEYS:
@@ -104,6 +121,29 @@ def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
 
 def canonical_json(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb, version=4).rstrip("\n") + "\n"
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Equal bytes, or two notebooks that differ only in the Python version that wrote ``language_info``."""
+    da, db = a.read_bytes(), b.read_bytes()
+    if da == db:
+        return True
+    if a.suffix != ".ipynb":
+        return False
+    try:
+        ja, jb = json.loads(da), json.loads(db)
+    except ValueError:
+        return False
+    for j in (ja, jb):
+        j.get("metadata", {}).get("language_info", {}).pop("version", None)
+    return ja == jb
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    files = {p.relative_to(a) for p in a.rglob("*") if p.is_file()}
+    if not b.is_dir() or files != {p.relative_to(b) for p in b.rglob("*") if p.is_file()}:
+        return False
+    return all(same_file(a / p, b / p) for p in files)
 
 
 def parse_notebook(nb: nbformat.NotebookNode, name: str) -> Lab:
@@ -201,27 +241,55 @@ def generate(course: Course, lab: Lab, course_root: Path) -> Path:
     return out
 
 
-def _release_into(course: Course, lab: Lab, dest: Path) -> None:
+def _release_into(course: Course, lab: Lab, dest: Path) -> bool:
+    """Generate ``lab``'s release into ``dest``; False (and ``dest`` untouched) when it is the same already."""
     with tempfile.TemporaryDirectory(prefix="coursekit-build-") as tmp:
         out = generate(course, lab, Path(tmp))
+        if _same_tree(out, dest):
+            return False
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(out, dest)
+        return True
 
 
-def build(course: Course, labs: list[str] | None = None, *, strict: bool = True) -> list[Path]:
-    """Write each lab's instructor notebook and its student version into ``labs/``; returns the lab folders.
+def readme_text(course: Course) -> str | None:
+    """The course README with its list of labs made from the manifests in ``labs/`` (None: no README, or no
+    list in it)."""
+    from coursekit.course import manifest
+
+    readme = course.root / "README.md"
+    if not readme.is_file():
+        return None
+    return manifest.update_readme(readme.read_text(), manifest.load(course.labs), course.labs.name)
+
+
+def build(course: Course, labs: list[str] | None = None, *, strict: bool = True) -> list[tuple[Path, bool]]:
+    """Write each lab's instructor notebook and its student version into ``labs/``, then the README's list of
+    labs; returns ``(path, changed)`` for each lab folder (and the README when it has a list of labs).
 
     With ``strict`` an authoring problem (a test cell without points, an exercise without hidden tests …) stops the
     build before anything is written."""
+    from coursekit.course import manifest
+
     written = []
     for name in labs or course.lab_names():
         lab = read_lab(course, name)
         if strict and lab.problems:
             raise ValueError(f"lab {name} has authoring problems:\n  " + "\n  ".join(lab.problems))
-        write_notebook(lab.notebook, course.solutions / name / f"{name}.ipynb")
-        _release_into(course, lab, course.labs / name)
-        written.append(course.labs / name)
+        if (course.solutions / name / manifest.MANIFEST).is_file():
+            manifest.read(course.solutions / name / manifest.MANIFEST)  # a broken manifest stops the build
+        instructor = course.solutions / name / f"{name}.ipynb"
+        if not (instructor.is_file() and instructor.read_text() == canonical_json(lab.notebook)):
+            write_notebook(lab.notebook, instructor)
+        written.append((course.labs / name, _release_into(course, lab, course.labs / name)))
+    text = readme_text(course)
+    if text is not None:
+        readme = course.root / "README.md"
+        changed = text != readme.read_text()
+        if changed:
+            readme.write_text(text)
+        written.append((readme, changed))
     return written
 
 
@@ -247,6 +315,9 @@ def drift(course: Course, labs: list[str] | None = None) -> list[str]:
             for p in sorted(have_files - want_files):
                 problems.append(f"labs/{name}/{p} is not generated from solutions/ (stale or hand-added)")
             for p in sorted(want_files & have_files):
-                if (fresh / p).read_bytes() != (have / p).read_bytes():
+                if not same_file(fresh / p, have / p):
                     problems.append(f"labs/{name}/{p} differs from a fresh build of solutions/{name}/{name}.py")
+    text = readme_text(course) if labs is None else None
+    if text is not None and text != (course.root / "README.md").read_text():
+        problems.append("README.md's list of labs differs from labs/<lab>/lab.json: run `coursekit course build`")
     return problems

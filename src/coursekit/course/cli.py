@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("submissions", help="folder of student folders (or one student's folder)")
     g.add_argument("--out", default=None, help="output folder (grades.csv, exercises.csv, feedback/, ...); default "
                    "$COURSEKIT_RESULTS_DIR, which slurm/grade-array.sbatch sets per task")
-    g.add_argument("--lab", action="append", help="only this lab (repeatable; default: every lab)")
+    g.add_argument("--lab", action="append", help="only this lab (repeatable; default: every lab someone submitted)")
     g.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: CPU count)")
     g.add_argument("--timeout", type=float, default=None,
                    help="seconds per submission (default: the lab's submission_timeout)")
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
                 print(p)
             print("labs/ in sync with solutions/" if not problems else f"{len(problems)} difference(s)")
             return 1 if problems else 0
-        for d in build(course, args.lab):
-            print(f"wrote {d.relative_to(course.root)}")
+        for d, changed in build(course, args.lab):
+            print(f"{'wrote' if changed else 'unchanged'} {d.relative_to(course.root)}")
         return 0
     if args.cmd == "validate":
         from coursekit.course.validate import validate

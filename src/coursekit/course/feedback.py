@@ -1,9 +1,13 @@
 """The feedback page of one submission: the executed notebook with the re-check's verdict, hidden tests removed.
 
 - the page opens with the final score (the re-check), per exercise, and every note (load errors, hangs, crashes);
-- test cells show their visible part only, and their output is replaced by the re-check's result for that cell
-  (nbgrader's in-kernel output could be forged by the student's code);
-- any output that contains a line of a hidden test (a student can print ``In`` during autograde) is removed.
+- test cells — known by their nbgrader identity (the lab's test grade ids, or a hidden-test region in the cell),
+  never by text overlap — show the lab's visible part only, and their output is replaced by the re-check's result
+  for that cell (nbgrader's in-kernel output could be forged by the student's code); every other cell (the lab's
+  instructions, the student's own answers) is shown as it is;
+- an output that reproduces hidden-test source (a student can print ``In`` during autograde) is removed: one that
+  contains at least two distinct hidden-test lines (or the only one, for a lab with a one-line secret), so a
+  student's output that happens to share one line with a hidden test (``recompute="full")``) stays.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from coursekit.course.authoring import HIDDEN_BEGIN, HIDDEN_END, Lab
 
 _RENDER_LOCK = threading.Lock()
 _MIN_SECRET = 8  # hidden-test lines shorter than this ("else:", ")") are too common to scrub
+_LEAK_LINES = 2  # distinct hidden-test lines an output must contain to count as a copy of hidden-test source
 
 
 def strip_hidden(source: str) -> str:
@@ -44,8 +49,9 @@ def _region_lines(source: str, begin: str, end: str) -> tuple[list[str], list[st
 
 
 def secret_lines(lab: Lab, begin: str = HIDDEN_BEGIN, end: str = HIDDEN_END) -> set[str]:
-    """Lines of ``begin``/``end`` regions (hidden tests by default) that appear nowhere in the lab's visible text
-    and are long enough to be telling (``for x in y:`` shared with a visible test is no secret)."""
+    """Lines of ``begin``/``end`` regions (hidden tests by default) that appear nowhere in the lab's visible text,
+    not even inside a longer line, and are long enough to be telling (``for x in y:`` shared with a visible test,
+    or ``recompute="full")`` that the instructions show, is no secret)."""
     secret, visible = set(), set()
     for c in lab.cells:
         inside, outside = _region_lines(c.source, begin, end)
@@ -53,7 +59,8 @@ def secret_lines(lab: Lab, begin: str = HIDDEN_BEGIN, end: str = HIDDEN_END) -> 
         visible |= set(outside)
     if begin != HIDDEN_BEGIN:  # solution regions: hidden-test lines are not visible either
         visible -= secret_lines(lab)
-    return secret - visible
+    text = "\n".join(visible)
+    return {ln for ln in secret - visible if ln not in text}
 
 
 def hidden_lines(lab: Lab) -> set[str]:
@@ -72,17 +79,28 @@ def _stream(text: str):
     return nbformat.v4.new_output("stream", name="stdout", text=text)
 
 
+def leaks(text: str, secret: set[str]) -> bool:
+    """Whether ``text`` reproduces hidden-test source (see the module docstring)."""
+    found = 0
+    for s in secret:
+        if s in text:
+            found += 1
+            if found >= min(_LEAK_LINES, len(secret)):
+                return True
+    return False
+
+
 def sanitise(nb, lab: Lab, tests: dict[str, dict]) -> nbformat.NotebookNode:
     """Hidden test source out of every cell and output; test cell outputs replaced by the re-check's results."""
     nb = nbformat.from_dict(nb)
     secret = hidden_lines(lab)
-    test_ids = {c.grade_id for c in lab.cells if c.kind == "test"}
+    test_cells = {c.grade_id: c for c in lab.cells if c.kind == "test"}
     for cell in nb.cells:
         gid = (cell.get("metadata", {}).get("nbgrader", {}) or {}).get("grade_id")
-        if HIDDEN_BEGIN in cell.get("source", "") or gid in test_ids:
+        if gid in test_cells:  # the lab's own test cell: its visible part, as the lab wrote it
+            cell.source = strip_hidden(test_cells[gid].source)
+        elif HIDDEN_BEGIN in cell.get("source", ""):  # a test cell whose identity was changed
             cell.source = strip_hidden(cell.source)
-        if any(s in cell.get("source", "") for s in secret):
-            cell.source = "# (this cell contained hidden test source and was removed)"
         if cell.cell_type != "code":
             continue
         if gid in test_ids:
@@ -96,7 +114,7 @@ def sanitise(nb, lab: Lab, tests: dict[str, dict]) -> nbformat.NotebookNode:
                 text = f"failed: 0 / {t['max_points']:g} points (independent re-check)\n{t['message']}{where}"
             cell.outputs = [_stream(text + "\n")]
             continue
-        cell.outputs = [o if not any(s in _output_text(o) for s in secret)
+        cell.outputs = [o if not leaks(_output_text(o), secret)
                         else _stream("[output removed: it contained hidden test source]\n") for o in cell.outputs]
     return nb
 

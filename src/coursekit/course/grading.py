@@ -6,8 +6,9 @@ Layout in: ``SUBMISSIONS/<student>/<lab>/<lab>.ipynb`` (nbgrader's); a folder th
 is one student (what a Slurm array task passes). Out:
 
     grades.csv          student, lab, score, max_score, percent, nbgrader_score, status, reason, seconds
-    exercises.csv       student, lab, exercise, points, max_points     (one row per exercise)
-    feedback/<student>/<lab>.html   results/<student>/<lab>.json   logs/<student>/<lab>.log
+    exercises.csv       student, lab, exercise, points, max_points     (one row per exercise of a submitted lab)
+    feedback/<student>/<lab>.html   results/<student>/<lab>.json (and .ipynb: nbgrader's executed notebook)
+    logs/<student>/<lab>.log
 
 Each submission runs in its own grader process (``python -m coursekit.course.grading worker``) with a private
 course folder and gradebook, so graders run in parallel safely. The grader first runs the independent re-check
@@ -84,9 +85,11 @@ def kill_descendants(keep: set[int] = frozenset()) -> int:
 
 
 def student_env() -> dict:
-    """Environment for student code: one thread per process, headless plots, no batch bookkeeping variables."""
-    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
-    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    """Environment for student code: one thread per process, no batch bookkeeping variables. No MPLBACKEND: the
+    kernel keeps its inline backend, so the feedback shows the student's figures (a plain process without a display
+    falls back to Agg by itself)."""
+    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV and k != "MPLBACKEND"}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     bindir = os.path.dirname(sys.executable)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     return env
@@ -165,16 +168,26 @@ def worker_main() -> int:
 
 
 # -- the batch -----------------------------------------------------------------------------------------------------
-def discover(course: Course, submissions: Path, labs: list[str]) -> list[tuple[str, str, Path | None]]:
-    """(student, lab, notebook or None) for every student folder and every lab."""
+def student_folders(course: Course, submissions: Path) -> list[Path]:
+    """The student folders under ``submissions`` (itself, when it holds lab folders: one student's folder)."""
     submissions = Path(submissions)
     if not submissions.is_dir():
         raise FileNotFoundError(f"no such folder: {submissions}")
     children = sorted(d for d in submissions.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if any(d.name in labs for d in children):  # a single student's folder
-        students = [submissions]
-    else:
-        students = children
+    if any(d.name in course.lab_names() for d in children):  # a single student's folder
+        return [submissions]
+    return children
+
+
+def submitted_labs(course: Course, submissions: Path) -> list[str]:
+    """The course's labs that at least one student folder under ``submissions`` has a folder for."""
+    students = student_folders(course, submissions)
+    return [lab for lab in course.lab_names() if any((s / lab).is_dir() for s in students)]
+
+
+def discover(course: Course, submissions: Path, labs: list[str]) -> list[tuple[str, str, Path | None]]:
+    """(student, lab, notebook or None) for every student folder and every lab in ``labs``."""
+    students = student_folders(course, submissions)
     out = []
     for s in students:
         for lab in labs:
@@ -324,6 +337,8 @@ class Batch:
         res_dir.mkdir(parents=True, exist_ok=True)
         rec = {"row": {**asdict(row), "percent": row.percent}, "recheck": recheck, "autograde": ag}
         (res_dir / f"{row.lab}.json").write_text(json.dumps(rec, indent=1))
+        if (ag or {}).get("notebook") and Path(ag["notebook"]).is_file():  # the executed notebook, for the instructor
+            shutil.copy(ag["notebook"], res_dir / f"{row.lab}.ipynb")
         log = work / "grader.log"
         if log.is_file():
             shutil.copy(log, self.out / "logs" / row.student / f"{row.lab}.grader.log")
@@ -347,6 +362,8 @@ def write_csv(rows: list[Row], out: Path) -> None:
         w = csv.DictWriter(f, fieldnames=EXERCISE_FIELDS)
         w.writeheader()
         for r in rows:
+            if r.status == "missing":  # not submitted: no points to count, in either direction
+                continue
             for name, (p, m) in r.exercises.items():
                 w.writerow({"student": r.student, "lab": r.lab, "exercise": name, "points": p, "max_points": m})
 
@@ -356,13 +373,18 @@ def grade(course: Course, submissions: str | Path, out: str | Path, *, labs: lis
           call_timeout: float | None = None, progress=None) -> list[Row]:
     """Grade every student × lab under ``submissions`` into ``out``; returns the rows (also in grades.csv).
 
-    ``autograde``: also run nbgrader's autograde (True: for every lab; a list: for those labs only)."""
+    ``labs``: the labs to grade (default: every lab of the course that some student submitted; a student without
+    one of them gets a ``missing`` row). ``autograde``: also run nbgrader's autograde (True: for every lab; a list:
+    for those labs only)."""
     import psutil
 
     out = Path(out)
-    lab_names = labs or course.lab_names()
-    if not lab_names:
+    if not course.lab_names():
         raise FileNotFoundError(f"no labs in {course.solutions}")
+    lab_names = labs or submitted_labs(course, Path(submissions))
+    if not lab_names:
+        raise FileNotFoundError(f"no lab submitted under {submissions} (expected <student>/<lab>/<lab>.ipynb for a "
+                                f"lab of {', '.join(course.lab_names())})")
     for name in lab_names:
         course.source_path(name)
     todo = discover(course, Path(submissions), lab_names)

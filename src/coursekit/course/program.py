@@ -162,3 +162,32 @@ def student_program(lab, submission) -> tuple[list[Chunk], list[str]]:
     for gid in sorted(solution_ids - used):
         notes.append(f"solution cell {gid} is missing from the submission")
     return chunks, notes
+
+
+def undefined_because(chunks: list[Chunk], load_errors: list[str]) -> dict[str, str]:
+    """``{name: why}`` for names a student's cell would define but whose defining statement raised while loading
+    (``ONE_NODE = training_plan(...)`` while ``training_plan`` still raises NotImplementedError), from the
+    student's process's load errors (``"<label without brackets>, line N: Error: message"``)."""
+    failed = {}
+    for err in load_errors:
+        head, sep, what = err.partition(": ")
+        label, _, line = head.rpartition(", line ")
+        if sep and line.isdigit():
+            failed[(label, int(line))] = what
+    out: dict[str, str] = {}
+    for chunk in chunks:
+        try:
+            tree = ast.parse(chunk.source)
+        except SyntaxError:
+            continue
+        for stmt in tree.body:
+            what = failed.get((chunk.label.strip("<>"), stmt.lineno))
+            if what is None:
+                continue
+            segment = ast.get_source_segment(chunk.source, stmt) or ""
+            where = f"{chunk.label.strip('<>')}, line {stmt.lineno}"
+            for name in defined_names(segment):
+                out.setdefault(name, f"not implemented yet: computing {name} ({where}) raised {what}"
+                               if what.startswith("NotImplementedError")
+                               else f"{name} is not defined: computing it ({where}) raised {what}")
+    return out

@@ -5,12 +5,18 @@
 
 ``launch_function`` runs a student function on N processes under torchrun (through ``coursekit.launch``) and
 returns what each rank reported, as plain JSON data; ``describe_figure`` turns a matplotlib figure into plain data
-(title, axis labels, lines with their x/y values) so a test can assert on a plot.
+(title, axis labels, lines with their x/y values) so a test can assert on a plot, and closes it (a test cell never
+shows a figure again).
+
+A failed job raises ``LaunchError`` with the student's frames of the failing rank first (what their code did),
+the job's and the library's frames after.
 """
 from __future__ import annotations
 
 import inspect
 import json
+import os
+import re
 
 HARNESS = """\
 # Written by coursekit.course.testing.launch_function: define the student's code statement by statement (a failing
@@ -63,18 +69,77 @@ def launch_function(fn, driver: str, *, nproc: int = 2, timeout: float = 120, **
     if not name or not name.isidentifier():
         raise TypeError(f"launch_function needs a named function, got {fn!r}")
     script = HARNESS.format(chunks=json.dumps(chunks_of(fn)), driver=driver, fn=name, kwargs=json.dumps(kwargs))
-    res = launch_code(script, nproc=nproc, timeout=timeout, stream=False)
+    from coursekit.launch import LaunchError
+
+    try:
+        res = launch_code(script, nproc=nproc, timeout=timeout, stream=False)
+    except LaunchError as e:
+        if not e.traceback:
+            raise
+        message, tb = student_first(e, name, nproc)
+        raise LaunchError(message, rank=e.rank, traceback=tb, log=e.log, returncode=e.returncode,
+                          timed_out=e.timed_out) from None
     return res.results
 
 
-def describe_figure(fig) -> dict:
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
+
+
+def _library_file(path: str) -> bool:
+    """Frames of the job script, coursekit, the standard library or installed packages."""
+    import sys
+    import sysconfig
+
+    import coursekit
+
+    if path.startswith("<"):  # <In [7]>, <cell ring_all_reduce>: the student's cells
+        return False
+    roots = {os.path.dirname(coursekit.__file__), sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+             sys.prefix, sys.base_prefix}
+    return os.path.basename(path) == "job.py" or any(path.startswith(r + os.sep) for r in roots if r)
+
+
+def student_first(err, fn_name: str, nproc: int) -> tuple[str, str]:
+    """(message, traceback) of a failed job, reordered: the student's frames and the error first, then the whole
+    traceback of that rank."""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", ln) for ln in err.traceback.rstrip().splitlines()]
+    frames, i = [], 0
+    while i < len(lines):  # a frame: its "File ..." line and the indented source lines under it
+        m = _FRAME.match(lines[i])
+        if m:
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("    ") and not _FRAME.match(lines[j]):
+                j += 1
+            frames.append((m.group(1), lines[i:j]))
+            i = j
+        else:
+            i += 1
+    tail = [ln for ln in lines if ln.strip() and not ln.startswith(" ") and not ln.startswith("Traceback")]
+    error = tail[-1] if tail else "see the log"
+    mine = [ln for path, block in frames if not _library_file(path) for ln in block]
+    where = f"rank {err.rank}" if err.rank is not None else "a rank"
+    head = f"{fn_name} failed on {where} of {nproc}: {error}"
+    body = ([f"Your code, on {where}:", *mine, error, ""] if mine else []) + \
+        ["The whole traceback of that rank (job script and library frames included):", *lines]
+    tb = "\n".join([*mine, error, "", *lines]) if mine else "\n".join(lines)
+    return head + "\n" + "\n".join(body), tb
+
+
+
+
+def describe_figure(fig, *, close: bool = True) -> dict:
     """``{"axes": [{"title", "xlabel", "ylabel", "xscale", "yscale", "lines": [{"label", "x", "y"}]}]}``.
 
-    Accepts an already-described figure (what a re-check receives) and returns it unchanged."""
+    Closes the figure (``close=False`` keeps it open), so a test cell that draws one to check it does not show it
+    again in the notebook. Accepts an already-described figure (what a re-check receives) and returns it unchanged."""
     if isinstance(fig, dict) and "axes" in fig:
         return fig
     if not hasattr(fig, "get_axes"):
         raise TypeError(f"expected a matplotlib Figure, got {type(fig).__name__}")
+    if close:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     axes = []
     for ax in fig.get_axes():
         lines = [{"label": str(ln.get_label()), "x": [float(v) for v in ln.get_xdata()],
