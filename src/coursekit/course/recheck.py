@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from coursekit.course import wire
 from coursekit.course.authoring import HIDDEN_BEGIN, HIDDEN_END, Lab
-from coursekit.course.program import interface, lab_prelude, strip_magics, student_program, undefined_because, undefined_because
+from coursekit.course.program import interface, lab_prelude, strip_magics, student_program, undefined_because
 from coursekit.course.sandbox import StudentError, StudentFunction, StudentProcess
 
 MAX_OUTPUT = 4000
@@ -127,13 +127,11 @@ def recheck(lab: Lab, submission, *, cwd: str | None = None, env: dict | None = 
     timeout = call_timeout if call_timeout is not None else lab.settings.call_timeout
     results: list[TestResult] = []
     undefined: dict[str, str] = {}  # names whose definition raised while loading: the real reason of a NameError
-    undefined: dict[str, str] = {}  # names whose definition raised while loading: the real reason of a NameError
     with StudentProcess(chunks, interface(lab), call_timeout=timeout, start_timeout=max(120.0, timeout),
                         cwd=cwd, env=env, log_path=log_path, isolation=isolation) as student:
         try:
             ready = student.start()
             notes += [f"error while loading your code: {e}" for e in ready["errors"]]
-            undefined = undefined_because(chunks, ready["errors"])
             undefined = undefined_because(chunks, ready["errors"])
             for name, info in ready["names"].items():
                 if info["kind"] == "function":
@@ -157,8 +155,6 @@ def recheck(lab: Lab, submission, *, cwd: str | None = None, env: dict | None = 
                     res = TestResult(test.grade_id, ex.name, test.points, test.points, True)
                 except Exception as e:  # noqa: BLE001 (a failing test, whatever the reason)
                     msg, line = _failure(e, label, test.source)
-                    if isinstance(e, NameError) and getattr(e, "name", None) in undefined:
-                        msg = undefined[e.name]
                     if isinstance(e, NameError) and getattr(e, "name", None) in undefined:
                         msg = undefined[e.name]
                     res = TestResult(test.grade_id, ex.name, test.points, 0.0, False, msg[-MAX_OUTPUT:], line)
