@@ -147,8 +147,11 @@ def worker_main() -> int:
         emit({"phase": "done"})
         return 0
     t0 = time.monotonic()
+    from coursekit.course.isolation import Isolation
+
+    iso = Isolation.from_dict(job.get("isolation"))  # None: --trust-submissions (the student's code runs as us)
     rc = recheck(lab, submission, cwd=str(work / "student"), env=dict(os.environ), log_path=job["student_log"],
-                 call_timeout=job.get("call_timeout"))
+                 call_timeout=job.get("call_timeout"), isolation=iso)
     emit({"phase": "recheck", "result": {**rc.to_dict(), "seconds": round(time.monotonic() - t0, 2)}})
     kill_descendants()
     if job["autograde"]:
@@ -157,7 +160,7 @@ def worker_main() -> int:
         t0 = time.monotonic()
         try:
             ag = autograde(course, lab, Path(job["template"]), job["student"], Path(job["notebook"]),
-                           work / "nbgrader")
+                           work / "nbgrader", isolation=iso)
         except Exception as e:  # noqa: BLE001 (nbgrader itself failed: the re-check still stands)
             ag = {"success": False, "error": f"{type(e).__name__}: {e}", "score": None, "notebook": None}
         ag["seconds"] = round(time.monotonic() - t0, 2)
@@ -198,8 +201,9 @@ def discover(course: Course, submissions: Path, labs: list[str]) -> list[tuple[s
 
 class Batch:
     def __init__(self, course: Course, out: Path, labs: list[str], *, jobs: int, autograde: set[str],
-                 timeout: float | None, call_timeout: float | None, progress=None):
+                 timeout: float | None, call_timeout: float | None, progress=None, isolation=None):
         self.course, self.out, self.jobs = course, Path(out), jobs
+        self.isolation = isolation  # coursekit.course.isolation.Isolation, or None (submissions trusted)
         self.autograde = autograde  # labs that nbgrader's autograde runs for, besides the re-check
         self.timeout, self.call_timeout = timeout, call_timeout
         self.progress = progress or (lambda msg: None)
@@ -242,7 +246,8 @@ class Batch:
                "student": student, "notebook": str(notebook.resolve()), "workdir": str(work),
                "template": str(self.templates.get(lab_name, "")), "autograde": lab_name in self.autograde,
                "log": str(work / "grader.log"), "student_log": str(logs / f"{lab_name}.student.log"),
-               "call_timeout": self.call_timeout}
+               "call_timeout": self.call_timeout,
+               "isolation": self.isolation.to_dict() if self.isolation is not None else None}
         msgs, killed = self._supervise(job, lab)
         recheck = msgs.get("recheck")
         ag = msgs.get("autograde")
@@ -370,8 +375,13 @@ def write_csv(rows: list[Row], out: Path) -> None:
 
 def grade(course: Course, submissions: str | Path, out: str | Path, *, labs: list[str] | None = None,
           jobs: int | None = None, autograde: bool | list[str] = True, timeout: float | None = None,
-          call_timeout: float | None = None, progress=None) -> list[Row]:
+          call_timeout: float | None = None, progress=None, isolation: str | None = None,
+          limits=None) -> list[Row]:
     """Grade every student × lab under ``submissions`` into ``out``; returns the rows (also in grades.csv).
+
+    ``isolation``: "required" (default, or $COURSEKIT_ISOLATION): every execution of student code runs in an OS
+    sandbox (``coursekit.course.isolation``), and grading is refused (IsolationUnavailable) where none can be built;
+    "auto": a sandbox where one can be built; "off": none (``--trust-submissions``). ``limits``: its ``Limits``.
 
     ``labs``: the labs to grade (default: every lab of the course that some student submitted; a student without
     one of them gets a ``missing`` row). ``autograde``: also run nbgrader's autograde (True: for every lab; a list:
@@ -390,8 +400,12 @@ def grade(course: Course, submissions: str | Path, out: str | Path, *, labs: lis
     todo = discover(course, Path(submissions), lab_names)
     jobs = jobs or max(1, os.cpu_count() or 1)
     autograde = set(lab_names if autograde is True else (autograde or []))
+    from coursekit.course.isolation import for_batch
+
+    out.mkdir(parents=True, exist_ok=True)  # exists before any sandbox starts, so each one hides it
+    iso = for_batch(isolation, course_root=course.root, hide=[Path(submissions), out], limits=limits)
     batch = Batch(course, out, lab_names, jobs=jobs, autograde=autograde, timeout=timeout, call_timeout=call_timeout,
-                  progress=progress)
+                  progress=progress, isolation=iso)
     reaper = set_subreaper()
     batch.before = {p.pid for p in psutil.Process().children()}
     try:

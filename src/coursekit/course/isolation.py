@@ -41,7 +41,7 @@ _KEEP_PREFIX = ("OMP_", "MKL_", "COURSEKIT_DEVICE", "COURSEKIT_LAUNCH", "NCCL_",
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-class IsolationUnavailable(RuntimeError):
+class IsolationUnavailable(ValueError):
     """No sandbox can be built here; ``coursekit course grade --trust-submissions`` grades without one."""
 
 

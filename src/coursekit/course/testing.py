@@ -71,8 +71,11 @@ def launch_function(fn, driver: str, *, nproc: int = 2, timeout: float = 120, **
     script = HARNESS.format(chunks=json.dumps(chunks_of(fn)), driver=driver, fn=name, kwargs=json.dumps(kwargs))
     from coursekit.launch import LaunchError
 
+    # in the re-check the job runs the student's code: in a sandbox of its own when the student's process has one
+    sandbox = getattr(getattr(fn, "_process", None), "isolation", None)
     try:
-        res = launch_code(script, nproc=nproc, timeout=timeout, stream=False)
+        res = launch_code(script, nproc=nproc, timeout=timeout, stream=False,
+                          **({"sandbox": sandbox} if sandbox is not None else {}))
     except LaunchError as e:
         if not e.traceback:
             raise
@@ -123,8 +126,6 @@ def student_first(err, fn_name: str, nproc: int) -> tuple[str, str]:
         ["The whole traceback of that rank (job script and library frames included):", *lines]
     tb = "\n".join([*mine, error, "", *lines]) if mine else "\n".join(lines)
     return head + "\n" + "\n".join(body), tb
-
-
 
 
 def describe_figure(fig, *, close: bool = True) -> dict:

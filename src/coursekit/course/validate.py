@@ -38,7 +38,7 @@ def validate(course: Course, labs: list[str] | None = None, *, nbgrader: bool = 
             write_notebook(read_json_nb(release), subs / "release" / name / f"{name}.ipynb")
             say(f"{name}: grading the solution and the release{' (re-check and nbgrader)' if nbgrader else ''}")
             rows = {r.student: r for r in grade(course, subs, out, labs=[name], jobs=jobs, autograde=nbgrader,
-                                                progress=say)}
+                                                progress=say, isolation="auto")}  # the instructor's own code
             for who in ("solution", "release"):
                 if rows[who].status == "error":
                     problems.append(f"{name}: grading the {who} failed: {rows[who].reason[:300]}")
