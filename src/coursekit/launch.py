@@ -161,12 +161,13 @@ def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
 
 def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | None = None,
            env: dict | None = None, cwd: str | None = None, stream: bool = True, max_restarts: int = 0,
-           torchrun_args=(), check: bool = True) -> LaunchResult:
+           torchrun_args=(), check: bool = True, sandbox=None) -> LaunchResult:
     """Run ``target`` (a module name like ``coursekit.train`` or a path to a ``.py`` file) on ``nproc`` processes.
 
     ``timeout`` seconds (default $COURSEKIT_LAUNCH_TIMEOUT or 600) bounds the whole job. ``stream`` prints worker
     lines live, prefixed ``[rank N]``. With ``check`` a failure raises LaunchError; else the result is returned with
     its return code. ``max_restarts`` > 0 lets torchrun restart failed workers (elastic recovery).
+    ``sandbox`` (a ``coursekit.course.isolation.Isolation``) runs the whole job in a fresh sandbox (grading).
     """
     nproc = default_nproc() if nproc is None else int(nproc)
     if nproc < 1:
@@ -195,6 +196,10 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
         full_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     lines: list[str] = []
     t0 = time.monotonic()
+    if sandbox is not None and sandbox.on:  # the job's user writes its results and logs here, reads the script
+        os.chmod(work, 0o1777)
+        os.chmod(results_dir, 0o1777)
+        cmd = sandbox.wrap(cmd, rw=[work], ro=[Path(target).parent] if is_script else [], env=full_env)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=full_env, cwd=cwd, text=True, errors="replace", start_new_session=True)
 
@@ -247,4 +252,6 @@ def launch_code(code: str, args=(), **kw) -> LaunchResult:
     with tempfile.TemporaryDirectory(prefix="coursekit-code-") as d:
         path = Path(d) / "job.py"
         path.write_text(code)
+        if kw.get("sandbox") is not None:
+            os.chmod(d, 0o755)  # readable by the sandbox's user
         return launch(str(path), args, **kw)
