@@ -82,6 +82,35 @@ def _cases(dev, group=None, members=None):
     return out
 
 
+def _error_paths(dev) -> dict:
+    """Wrong sizes and layouts are refused before anything is sent (no peer is left waiting); a one-rank group
+    returns at once. Each check runs on every rank, so no rank blocks in a collective its peers skipped."""
+    import torch
+    import torch.distributed as dist
+
+    from coursekit.comm.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+
+    n = dist.get_world_size()
+    out = {}
+    for name, call in {
+        "reduce_scatter_size": lambda: ring_reduce_scatter(torch.empty(3, device=dev), torch.ones(3 * n + 1,
+                                                                                                  device=dev)),
+        "all_gather_size": lambda: ring_all_gather(torch.empty(3 * n - 1, device=dev), torch.ones(3, device=dev)),
+        "all_gather_layout": lambda: ring_all_gather(torch.empty(3, 2 * n, device=dev).t(),
+                                                     torch.ones(6, device=dev)),
+    }.items():
+        try:
+            call()
+            out[name] = None
+        except ValueError as e:
+            out[name] = str(e)
+    solo = [dist.new_group([r]) for r in range(n)][dist.get_rank()]  # every rank takes part in each new_group
+    t = torch.arange(5.0, device=dev)
+    out["solo_unchanged"] = ring_all_reduce(t, solo) is t and t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    dist.barrier()  # the ranks are still in step: no refused call left a send or receive behind
+    return out
+
+
 def _worker() -> None:
     import torch.distributed as dist
 
@@ -89,7 +118,8 @@ def _worker() -> None:
     from coursekit.launch import report
 
     with ckdist.session(seed=0) as info:
-        rec = {"rank": info.rank, "world": info.world_size, "world_cases": _cases(info.device)}
+        rec = {"rank": info.rank, "world": info.world_size, "world_cases": _cases(info.device),
+               "errors": _error_paths(info.device)}
         if info.world_size >= 3:  # a sub-group without rank 0: group ranks differ from global ranks
             members = list(range(1, info.world_size))
             sub = dist.new_group(members)
@@ -120,6 +150,12 @@ def test_ring_collectives_equal_torch(nproc, no_orphans):
         if ranks:
             digests = [[c.get("digest") for c in r[key]] for r in ranks]
             assert all(d == digests[0] for d in digests), key
+    for r in res:
+        e = r["errors"]
+        assert e["reduce_scatter_size"] == f"input has {3 * nproc + 1} elements, expected group size {nproc} x output 3"
+        assert e["all_gather_size"] == f"output has {3 * nproc - 1} elements, expected group size {nproc} x input 3"
+        assert e["all_gather_layout"] == "output must be contiguous (its chunks are received in place)"
+        assert e["solo_unchanged"] is True
 
 
 if __name__ == "__main__":
