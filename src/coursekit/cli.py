@@ -84,7 +84,12 @@ class Lab(Passthrough):
         "coursekit.course.lab:main"
 
 
-COMMANDS = [Demo(), Train(), Doctor(), Memory(), Course(), Lab()]
+class K8s(Passthrough):
+    name, help, target = "k8s", "Kubernetes manifests for the course's jobs (render), checked offline (validate)", \
+        "coursekit.k8s.cli:main"
+
+
+COMMANDS = [Demo(), Train(), Doctor(), Memory(), Course(), Lab(), K8s()]
 
 
 def build_parser() -> argparse.ArgumentParser:
