@@ -118,6 +118,7 @@ def test_solution_scores_full_marks(batches, name, tier):
 def test_release_scores_zero_on_every_exercise(batches, name, tier):
     rows, _, nbgrader = batches(tier)
     r = rows[("release", name)]
+    assert r.status == "graded", r.reason  # a zero earned by unanswered exercises, not a grader crash
     assert r.score == 0 and all(points == 0 for points, _ in r.exercises.values())
     if name in nbgrader:
         assert r.nbgrader_score == 0
@@ -128,6 +129,7 @@ def test_release_scores_zero_on_every_exercise(batches, name, tier):
 def test_partial_submission_scores_strictly_between(batches, name, tier):
     rows, _, nbgrader = batches(tier)
     r, lab = rows[("partial", name)], read_lab(COURSE, name)
+    assert r.status == "graded", r.reason
     assert 0 < r.score < lab.max_points
     first = lab.exercises[0]
     assert r.exercises[first.name] == [first.points, first.points]
