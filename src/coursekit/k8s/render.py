@@ -196,6 +196,7 @@ def job(p: Params) -> list[dict]:
 
 def pytorchjob(p: Params) -> list[dict]:
     tmpl = pod_template(p)
+    del tmpl["spec"]["restartPolicy"]  # the operator sets the replica's restartPolicy on every pod
     worker = {"replicas": p.nodes, "restartPolicy": "OnFailure", "template": tmpl}
     return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(p), "spec": {
         "nprocPerNode": str(p.nproc),  # a string in this CRD (it also takes auto/cpu/gpu)
