@@ -14,7 +14,7 @@ MODEL, SEQ, GLOBAL_BATCH = "tiny-llama", 32, 8
 
 def test_a_new_engine_needs_only_a_module_and_a_registry_line(monkeypatch):
     """What the calculator reports comes from the engine it asks: an engine that replicates like DDP but keeps one
-    extra bucket of 1000 bytes changes exactly that category and every phase; the options it does not take are refused."""
+    extra bucket of 1000 bytes changes exactly that category and every phase; options it does not take are refused."""
     class OneBucket(DDP):
         name = "one-bucket"
 

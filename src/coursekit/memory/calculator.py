@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coursekit.memory import engines
+from coursekit.memory import engines, vocab
 from coursekit.memory.engines import megatron
 from coursekit.memory.activations import ActivationReport
 from coursekit.memory.config import TrainConfig
@@ -140,10 +140,11 @@ class Estimate:
 def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     """Per-rank memory of training ``model`` (preset, config.json path, HF dict or ModelShape).
 
-    Give a TrainConfig, or its fields as keyword arguments: ``estimate("llama3-8b", batch=1, seq=8192, zero=3, dp=8)``.
+    Give a TrainConfig, or its fields as keyword arguments: ``estimate("llama3-8b", batch=1, seq=8192, zero=3, dp=8)``,
+    or the trainer's names for them (``coursekit.memory.vocab``): ``micro_batch=1, strategy="zero3", dp_replicate=8``.
     """
     shape = resolve_model(model)
-    c = config if config is not None else TrainConfig(**kwargs)
+    c = config if config is not None else TrainConfig(**vocab.config_kwargs(kwargs))
     if config is not None and kwargs:
         raise ConfigError("give either a TrainConfig or keyword arguments, not both")
     if c.pp > shape.layers:

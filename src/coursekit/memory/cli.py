@@ -1,6 +1,7 @@
 """``coursekit memory``: per-rank training memory as a table or one JSON object.
 
-    coursekit memory --model llama3-8b --batch 1 --seq 8192 --dp 8 --zero 3 --gpu H100-80GB
+    coursekit memory --model llama3-8b --micro-batch 1 --seq 8192 --strategy zero3 --dp-replicate 8 --gpu H100-80GB
+    coursekit memory --model llama3-8b --batch 1 --seq 8192 --dp 8 --zero 3 --gpu H100-80GB   # the same, older names
     coursekit memory --model path/to/config.json --batch 4 --seq 2048 --recompute full --json
     coursekit memory --model llama3-70b --seq 4096 --zero 3 --gpu H100-80GB --solve max-batch --json
 
@@ -16,7 +17,7 @@ import json
 import os
 import sys
 
-from coursekit.memory import answers
+from coursekit.memory import answers, vocab
 from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
 from coursekit.memory.calculator import estimate
 from coursekit.memory.config import PP_SCHEDULES, TrainConfig
@@ -26,6 +27,7 @@ from coursekit.memory.presets import PRESETS
 from coursekit.memory.solvers import max_micro_batch, max_seq_len, min_gpus
 from coursekit.memory.engines import REGISTRY as ENGINES
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
+from coursekit.memory.vocab import STRATEGIES
 
 SOLVE = ("max-batch", "max-seq", "min-gpus")
 
@@ -34,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coursekit memory", description="Exact per-rank training memory.")
     a = p.add_argument
     a("--model", help="preset name or path to an HF config.json (llama / mistral / gpt2)")
-    a("--batch", type=int, help="micro-batch (sequences per rank per forward)")
+    a("--micro-batch", "--batch", dest="batch", type=int, help="sequences per rank per micro-batch (alias --batch)")
     a("--seq", type=int, help="sequence length in tokens")
     a("--dtype", default="bf16", choices=list(DTYPE_BYTES))
     a("--precision", choices=list(PRECISIONS), help="model-state convention (default: 16psi, or fp32 for fp32)")
@@ -44,17 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kernels", default="cuda", choices=list(KERNELS), help="device whose kernels run the hf modules")
     a("--recompute", default="none", choices=list(RECOMPUTE))
     a("--dropout", type=float, help="override the model's dropout rates")
-    a("--dp", type=int, help="data-parallel degree")
+    a("--strategy", choices=list(STRATEGIES), help="the trainer's strategy: sets --engine (and --zero for zeroK)")
+    a("--dp-replicate", type=int, help="data-parallel replicas (DDP, ZeRO; HSDP across groups); default: fill")
+    a("--dp-shard", type=int, help="data-parallel ranks that shard (FSDP2; HSDP's shard group); default: fill")
+    a("--dp", type=int, help="all data-parallel ranks, dp-replicate x dp-shard")
     a("--world", type=int, help="total ranks (= dp·tp·pp·cp)")
-    a("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
-    a("--engine", default="deepspeed", choices=list(ENGINES))
+    a("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage (default 0)")
+    a("--engine", choices=list(ENGINES), help="data-parallel engine (default deepspeed; or set by --strategy)")
     a("--no-reshard", action="store_true", help="FSDP2 reshard_after_forward=False")
-    a("--hsdp-shard", type=int, help="HSDP shard-group size (engine fsdp2)")
+    a("--hsdp-shard", type=int, help="HSDP shard-group size (engine fsdp2): the same as --dp-shard")
+    a("--no-bucket-view", action="store_true", help="DDP gradient_as_bucket_view=False (torch's default)")
     a("--tp", type=int, default=1)
     a("--sp", action="store_true", help="sequence parallelism over the TP group")
     a("--pp", type=int, default=1)
     a("--cp", type=int, default=1)
-    a("--microbatches", type=int, help="micro-batches per step (default: pp)")
+    a("--grad-accum", "--microbatches", dest="microbatches", type=int,
+      help="micro-batches per optimizer step, under pp the schedule's (default: pp; alias --microbatches)")
     a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES))
     a("--offload", default="none", choices=list(OFFLOAD), help="optimizer-state offload")
     a("--offload-params", default="none", choices=list(OFFLOAD), help="parameter offload (ZeRO-3 / FSDP2)")
@@ -72,17 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _config_kwargs(ns: argparse.Namespace) -> dict:
     kw = dict(batch=ns.batch, seq=ns.seq, dtype=ns.dtype, precision=ns.precision, optimizer=ns.optimizer,
               attention=ns.attention, impl=ns.impl, kernels=ns.kernels, recompute=ns.recompute, dropout=ns.dropout,
-              dp=ns.dp, world=ns.world, zero=ns.zero, engine=ns.engine, fsdp_reshard=not ns.no_reshard,
+              dp=ns.dp, world=ns.world, fsdp_reshard=not ns.no_reshard, ddp_bucket_view=not ns.no_bucket_view,
               hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, microbatches=ns.microbatches,
               pp_schedule=ns.pp_schedule, offload=ns.offload, offload_params=ns.offload_params, dp_rank=ns.dp_rank,
-              gpu=ns.gpu)
+              gpu=ns.gpu, strategy=ns.strategy, dp_replicate=ns.dp_replicate, dp_shard=ns.dp_shard)
+    kw.update({k: getattr(ns, k) for k in ("zero", "engine") if getattr(ns, k) is not None})
     if ns.reduce_bucket_size is not None:
         kw["bucket_elems"] = ns.reduce_bucket_size
     if ns.runtime_gib is not None:
         if ns.runtime_gib < 0:
             raise ConfigError(f"--runtime-gib must be >= 0, got {ns.runtime_gib}")
         kw["runtime_bytes"] = int(ns.runtime_gib * GiB)
-    return kw
+    return vocab.config_kwargs(kw)  # the trainer's names (--strategy, --dp-replicate, --dp-shard) -> TrainConfig's
 
 
 def run(ns: argparse.Namespace) -> dict | str:

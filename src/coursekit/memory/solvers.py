@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from coursekit.memory import engines
+from coursekit.memory import engines, vocab
 from coursekit.memory.calculator import Estimate, estimate, resolve_model
 from coursekit.memory.config import TrainConfig
 from coursekit.memory.errors import ConfigError
@@ -44,8 +44,9 @@ def _capacity(cfg: TrainConfig, gpu) -> int:
 
 def max_micro_batch(model, gpu: str | None = None, *, limit: int = 1 << 20, **kwargs) -> int:
     """Largest micro-batch whose peak fits ``gpu`` (0 if even one sequence does not). ``kwargs``: TrainConfig
-    fields (``seq`` required; ``batch`` is ignored)."""
+    fields or the trainer's names (``seq`` required; ``batch`` is ignored)."""
     shape = resolve_model(model)
+    kwargs = vocab.config_kwargs(kwargs)
     kwargs.pop("batch", None)
     cfg = TrainConfig(batch=1, **kwargs)
     cap = _capacity(cfg, gpu)
@@ -56,6 +57,7 @@ def max_seq_len(model, gpu: str | None = None, *, limit: int | None = None, mult
     """Largest sequence length (a multiple of ``multiple_of``, of cp and, with sp, of tp) whose peak fits ``gpu``;
     0 if none. ``limit`` defaults to the model's learned positions, or 2**24 tokens for RoPE models."""
     shape = resolve_model(model)
+    kwargs = vocab.config_kwargs(kwargs)
     kwargs.pop("seq", None)
     cp, tp = kwargs.get("cp", 1), kwargs.get("tp", 1)
     unit = multiple_of * cp * (tp if kwargs.get("sp") else 1)
@@ -73,10 +75,11 @@ def min_gpus(model, gpu: str | None = None, *, max_gpus: int = 1 << 16, **kwargs
     without sharding, where more data-parallel ranks never lower per-rank memory).
     """
     shape = resolve_model(model)
+    kwargs = vocab.config_kwargs(kwargs)
     kwargs.pop("dp", None)
     kwargs.pop("world", None)
     kwargs.pop("dp_rank", None)  # sized for the fullest rank
-    cfg = TrainConfig(dp=1, **kwargs)
+    cfg = TrainConfig(dp=kwargs.get("hsdp_shard") or 1, **kwargs)  # dp must be a multiple of an HSDP shard group
     cap = _capacity(cfg, gpu)
     per_replica = cfg.tp * cfg.pp * cfg.cp
     max_dp = max(1, max_gpus // per_replica)
