@@ -11,6 +11,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# grading tests use the OS sandbox where one can be built (tests/test_course_isolation.py requires it, or skips)
+os.environ.setdefault("COURSEKIT_ISOLATION", "auto")
 # This test process owns every launch made below it, also those made by a subprocess (a CLI run, a notebook
 # kernel, a grader): coursekit.launch stamps their processes with this pid (see launch.launch_stamp).
 os.environ[OWNER_ENV] = str(os.getpid())

@@ -36,6 +36,10 @@ def sandboxed_kernel(isolation, workdir: Path) -> dict:
     sock = workdir / "kernel"
     sock.mkdir(parents=True, exist_ok=True)
     os.chmod(sock, 0o777)  # the kernel's user creates its sockets here
+    if isolation.mechanism == "subuid":
+        from coursekit.course.isolation import make_reachable
+
+        make_reachable(sock)
     spec = workdir / "kernel-sandbox.json"
     spec.write_text(json.dumps({"isolation": isolation.to_dict(), "socket_dir": str(sock)}))
     kdir = workdir / "jupyter" / "kernels" / "python3"

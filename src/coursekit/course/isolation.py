@@ -10,7 +10,7 @@ from *util-linux*, and for a grader that is not root ``unshare --map-auto`` with
   instructor's. As root the range is ``COURSEKIT_SANDBOX_UIDS`` (default 1600000000-1600999999); otherwise the
   instructor's subordinate ids from /etc/subuid (``unshare --map-auto``), as rootless containers use;
 - its own mount namespace: /usr, /etc, the Python installation, the venv, the course library and the course folder
-  read-only, with ``solutions/``, ``.git``, nbgrader's ``course/`` and every path in ``hide`` (the submissions, the
+  read-only (and the folders in ``COURSEKIT_SANDBOX_RO``, e.g. a CUDA toolkit outside /usr), with ``solutions/``, ``.git``, nbgrader's ``course/`` and every path in ``hide`` (the submissions, the
   output folder, the batch's private folders) replaced by empty folders; a private /tmp and /dev/shm of
   ``tmp_bytes`` each (also $HOME); nothing else (no /home, /root, /run, /var, /mnt);
 - its own network (loopback only: a torchrun/gloo job inside works, any other address is unreachable), process,
@@ -29,6 +29,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -128,6 +129,7 @@ class Isolation:
             root = Path(course_root).resolve()
             ro.append(root)
             hide = [root / "solutions", root / ".git", root / "course", *hide]
+        ro += [Path(p) for p in os.environ.get("COURSEKIT_SANDBOX_RO", "").split(os.pathsep) if p]  # e.g. CUDA
         ext = os.environ.get("TORCH_EXTENSIONS_DIR")
         if ext and Path(ext).is_dir():
             ro.append(Path(ext))  # compiled DeepSpeed ops, shared read-only
@@ -181,7 +183,7 @@ class Isolation:
                 "--perms", "1777", "--size", str(self.limits.tmp), "--tmpfs", "/dev/shm"]
         for d in self.devices:
             cmd += ["--dev-bind-try", d, d]
-        for p in self.readonly:
+        for p in sorted(self.readonly, key=len):  # a folder before the folders in it
             if not p.startswith(("/usr/", "/etc/")) and p != "/usr":
                 cmd += ["--ro-bind", p, p]
         for p in ro:
@@ -230,6 +232,18 @@ def for_batch(mode: str | None, *, course_root, hide=(), limits: Limits | None =
     raise IsolationUnavailable(f"refusing to grade untrusted submissions without a sandbox: {iso.reason}. Install "
                                f"bubblewrap (and uidmap with an /etc/subuid range when not root), or pass "
                                f"--trust-submissions to run the students' code as yourself")
+
+
+def make_reachable(path: Path) -> None:
+    """Let bwrap reach ``path`` from a subordinate user id: search (not list) permission on the folders above it
+    that this process made in the temporary folder (mkdtemp makes them 0700)."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    for a in Path(path).resolve().parents:
+        if a == tmp or tmp not in a.parents:
+            break
+        st = a.stat()
+        if st.st_uid == os.getuid() and not st.st_mode & 0o001:
+            os.chmod(a, (st.st_mode & 0o7777) | 0o011)
 
 
 def sandbox_env(env: dict | None) -> dict:
