@@ -17,7 +17,7 @@ DEFAULT_BUCKET_ELEMS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     batch: int
-    """Micro-batch: sequences per rank per forward pass."""
+    """Micro-batch: sequences per rank per forward pass (the trainer's --micro-batch)."""
     seq: int
     """Tokens per sequence."""
     dtype: str = "bf16"
@@ -44,14 +44,15 @@ class TrainConfig:
     zero: int = 0
     """DeepSpeed ZeRO stage 0-3 (engine deepspeed)."""
     engine: str = "deepspeed"
-    """Data-parallel engine: deepspeed (ZeRO semantics), fsdp2, ddp."""
+    """Data-parallel engine (``coursekit.memory.engines``): deepspeed (ZeRO semantics), fsdp2, ddp. The trainer's
+    strategies name engine and stage together (``coursekit.memory.vocab``: zero3 = deepspeed + zero 3)."""
     fsdp_reshard: bool = True
     """FSDP2 reshard_after_forward: True frees each unit after its forward; False keeps all unsharded to backward."""
     ddp_bucket_view: bool = True
     """DDP gradient_as_bucket_view (coursekit's trainer: True): each .grad is a view into the reducer's buckets, so
     gradients cost their bytes once; False (torch's default): the buckets are a second copy of all gradients."""
     hsdp_shard: int | None = None
-    """HSDP: shard group size (dp = replicas x shard group); None: shard over all of dp."""
+    """HSDP: shard group size, the trainer's --dp-shard (dp = replicas x shard group); None: shard over all of dp."""
     tp: int = 1
     """Tensor-parallel degree."""
     sp: bool = False
@@ -61,7 +62,7 @@ class TrainConfig:
     cp: int = 1
     """Context-parallel degree (splits the sequence)."""
     microbatches: int | None = None
-    """Micro-batches per optimizer step (gradient accumulation / pipeline); None: pp."""
+    """Micro-batches per optimizer step, the trainer's --grad-accum (under pp: the schedule's); None: pp."""
     pp_schedule: str = "1f1b"
     """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them."""
     offload: str = "none"
