@@ -159,6 +159,42 @@ def _saved_bytes_cases(cp, group):
     return out
 
 
+def _llama_cases(cp, group):
+    """A tiny HF Llama (GQA) with CP attention and sharded ids/labels/positions vs the same model in one process."""
+    import torch
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coursekit.cp.hf import use_cp_attention
+    from coursekit.cp.shard import layout_for, next_token_labels, shard_batch
+
+    r = dist.get_rank(group)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, attn_implementation="sdpa")
+    ids = torch.randint(0, 256, (B, SEQ), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg)
+    loss_ref = ref(input_ids=ids, labels=ids).loss  # HF shifts inside: the plain single-process run
+    loss_ref.backward()
+    out = []
+    for impl in ("ulysses", "ring"):
+        torch.manual_seed(0)
+        model = use_cp_attention(LlamaForCausalLM(cfg), impl, group)
+        b = shard_batch(ids, cp, r, layout=layout_for(impl))
+        n = int((next_token_labels(ids) != -100).sum())  # the global count: each rank's loss is its share
+        loss = model(input_ids=b["input_ids"], position_ids=b["position_ids"], labels=b["shift_labels"],
+                     shift_labels=b["shift_labels"], num_items_in_batch=n).loss
+        loss.backward()
+        loss = loss.detach()
+        dist.all_reduce(loss, group=group)
+        grad_err = 0.0
+        for p, p_ref in zip(model.parameters(), ref.parameters()):
+            dist.all_reduce(p.grad, group=group)  # every CP rank holds part of the gradient (its tokens')
+            grad_err = max(grad_err, _err(p.grad, p_ref.grad))
+        out.append({"impl": impl, "cp": cp, "loss": loss.item(), "loss_ref": loss_ref.item(), "grad_err": grad_err})
+    return out
+
+
 def _torch_context_parallel_on_cpu():
     """torch's experimental context_parallel with causal SDPA on CPU: run it, or record why it cannot."""
     import torch.distributed as dist
@@ -179,6 +215,17 @@ def _torch_context_parallel_on_cpu():
         return {"ran": True, "error": _err(o, shard(ref, mesh.size(), dist.get_rank(), layout="zigzag", dim=2))}
     except Exception as e:  # noqa: BLE001 — the exception is the finding
         return {"ran": False, "type": type(e).__name__, "message": str(e).splitlines()[0]}
+
+
+def _llama_worker() -> None:
+    import torch.distributed as dist
+
+    from coursekit import dist as ckdist
+    from coursekit.launch import report
+
+    with ckdist.session(seed=0) as info:
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        report({"rank": info.rank, "llama": _llama_cases(2, pairs[info.rank // 2]) + _llama_cases(4, None)})
 
 
 def _worker() -> None:
@@ -291,6 +338,18 @@ def test_saved_activation_bytes_per_cp_rank(cp_run):
             assert m["not_in_calculator"] == 0 and r["o_proj_input"] == 0, r
 
 
+@pytest.mark.slow  # transformers in 4 more processes: ~15 s of CPU on top of the launch above
+def test_llama_with_cp_attention_equals_single_process(no_orphans):
+    from coursekit.launch import launch
+
+    res = launch(str(Path(__file__).resolve()), ["llama"], nproc=4, timeout=240, stream=False).results
+    recs = _all(res, "llama")
+    assert {(r["impl"], r["cp"]) for r in recs} == {(i, c) for i in ("ulysses", "ring") for c in (2, 4)}
+    for r in recs:
+        # the loss is a sum over ranks of per-token terms in another order: fp32 rounding only
+        assert abs(r["loss"] - r["loss_ref"]) <= 1e-5 and r["grad_err"] <= TOL, r
+
+
 def test_torch_context_parallel_has_no_cpu_causal_path(cp_run):
     for r in cp_run:
         t = r["torch_cp"]
@@ -388,4 +447,4 @@ def test_ring_equals_torch_context_parallel_on_gpus(no_orphans):
 
 
 if __name__ == "__main__":
-    sys.exit(_gpu_worker() if sys.argv[1:] == ["gpu"] else _worker())
+    sys.exit({"gpu": _gpu_worker, "llama": _llama_worker}.get(sys.argv[1] if sys.argv[1:] else "", _worker)())
