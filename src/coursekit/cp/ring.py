@@ -3,10 +3,11 @@
 Each of the C ranks of the CP group holds s/C query rows and the keys/values of the same rows. Its queries need
 *every* rank's K/V, so the K/V blocks travel: at step i rank r holds the block that started on rank r-i, computes its
 queries against it while the next block is already in flight (``batch_isend_irecv`` is asynchronous, so the
-transfer hides behind the compute), and folds the partial result into a running output. After C steps each block
-has visited every rank: C-1 exchanges of one K/V block per rank. Memory stays O(s/C) per rank: no rank ever holds
-more than its own rows and one visiting block. (Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise
-Transformers for Near-Infinite Context", arXiv:2310.01889.)
+transfer can hide behind the compute), and folds the partial result into a running output. After C steps each block
+has visited every rank: C-1 exchanges of one K/V block per rank. What a rank keeps for backward is O(s/C): its own
+rows, never another rank's block; while it runs it also holds the visiting block, the one in flight and one step's
+score tile, (s/C)² per head (a flash kernel would tile that too). (Liu, Zaharia & Abbeel 2023, "Ring Attention with
+Blockwise Transformers for Near-Infinite Context", arXiv:2310.01889.)
 
 Online softmax (Milakov & Gimelshein 2018; Dao et al. 2022, FlashAttention): per query row keep the output o and the
 log-sum-exp l of the scores seen so far. A block's own (o_b, l_b) merges exactly, in any order:
@@ -21,7 +22,7 @@ so every rank computes (2c)² + (C-1)·2c² scores (c = s/2C): equal work. Conti
 
 Backward: a custom autograd.Function, not autograd through the loop — autograd would keep every step's score matrix,
 O(s²/C) per rank. We save q, k, v, the output and l (O(s/C)) and, in a second ring pass, recompute each tile's
-probabilities P = exp(S - l) (FlashAttention's backward, Dao et al. 2022, Alg. 2):
+probabilities P = exp(S - l) (FlashAttention's backward, Dao et al. 2022):
     dV += Pᵀ·dO     dP = dO·Vᵀ     dS = P∘(dP - D), D = rowsum(dO∘O)     dQ += dS·K·scale     dK += dSᵀ·Q·scale
 dQ stays home. The K/V blocks travel as in forward, and each block's dK/dV accumulator follows one hop behind and
 arrives home after the last step: C-1 K/V exchanges and C-1 dK/dV exchanges.
