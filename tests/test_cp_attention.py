@@ -414,6 +414,7 @@ def _gpu_worker() -> None:
     from coursekit import dist as ckdist
     from coursekit.cp.ring import ring_attention
     from coursekit.cp.shard import gather, shard
+    from coursekit.cp.ulysses import ulysses_attention
     from coursekit.launch import report
 
     with ckdist.session(seed=0) as info:
@@ -429,7 +430,10 @@ def _gpu_worker() -> None:
         o = ring_attention(ql, kl, vl)
         o.backward(shard(do, cp, r, dim=2))
         o_full = gather(o.detach(), layout="zigzag", dim=2)
+        o_uly = ulysses_attention(*(shard(t, cp, r, layout="contiguous", dim=2) for t in (q, k, v)))
+        o_uly = gather(o_uly, layout="contiguous", dim=2)
         report({"torch_vs_ref": _err(o_torch, ref[0]), "ours_vs_torch": _err(o_full, o_torch),
+                "ulysses_vs_torch": _err(o_uly, o_torch),
                 "grads": [_err(x.grad, shard(y, cp, r, dim=2)) for x, y in zip((ql, kl, vl), ref[1:])],
                 "device": dev, "backend": dist.get_backend()})
 
@@ -441,9 +445,13 @@ def _gpu_worker() -> None:
 def test_ring_equals_torch_context_parallel_on_gpus(no_orphans):
     from coursekit.launch import launch
 
-    for rec in launch(str(Path(__file__).resolve()), ["gpu"], nproc=2, timeout=300, stream=False).results:
+    # conftest defaults COURSEKIT_DEVICE to cpu for every other test; this one is about the GPUs
+    res = launch(str(Path(__file__).resolve()), ["gpu"], nproc=2, timeout=300, stream=False,
+                 env={"COURSEKIT_DEVICE": "cuda"})
+    for rec in res.results:
         assert rec["device"].startswith("cuda") and rec["backend"] == "nccl"
-        assert rec["torch_vs_ref"] <= TOL and rec["ours_vs_torch"] <= TOL and max(rec["grads"]) <= TOL, rec
+        assert rec["torch_vs_ref"] <= TOL and rec["ours_vs_torch"] <= TOL and rec["ulysses_vs_torch"] <= TOL, rec
+        assert max(rec["grads"]) <= TOL, rec
 
 
 if __name__ == "__main__":
