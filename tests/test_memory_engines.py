@@ -40,8 +40,8 @@ def predicted(dtype: str, precision: str | None, world: int) -> dict:
 def test_trainer_ddp_bf16_autocast_is_fp32_states_to_the_byte(no_orphans):
     """``coursekit train --strategy ddp --dtype bf16`` is autocast with fp32 master weights: the calculator's
     ``precision="fp32", dtype="bf16"`` predicts what every rank holds after the last step, to the byte. The
-    calculator's bf16 default (16Ψ: bf16 weights and grads + an fp32 master) is DeepSpeed's layout, not the
-    trainer's: the same total, split differently."""
+    calculator's bf16 default for ``engine="ddp"`` (16Ψ: bf16 weights and grads + an fp32 master) is DeepSpeed's
+    layout, not the trainer's: the same total, split differently; ``strategy="ddp"`` means the trainer's run."""
     from coursekit.launch import launch
 
     res = launch("coursekit.train", ["--strategy", "ddp", "--steps", "2", "--model", MODEL, "--seq", str(SEQ),
@@ -59,6 +59,9 @@ def test_trainer_ddp_bf16_autocast_is_fp32_states_to_the_byte(no_orphans):
     default = predicted("bf16", None, 2)
     assert default["params_bytes"] == 2 * n != res.results[0]["final"]["params_bytes"]
     assert sum(default.values()) == sum(want.values())
+    # in the trainer's words the calculator means the trainer's run: --strategy ddp --dtype bf16 is autocast
+    e = estimate(MODEL, micro_batch=GLOBAL_BATCH // 2, seq=SEQ, dtype="bf16", strategy="ddp", dp_replicate=2)
+    assert e.categories["parameters"] == want["params_bytes"] and e.categories["master_weights"] == 0
 
 
 @pytest.mark.slow  # ~20-40 s on a shared 2-core machine; the fp32 case is also covered by tests/test_train.py

@@ -22,8 +22,10 @@ def cli_json(args, capsys) -> dict:
     ("--micro-batch 2 --grad-accum 4 --strategy zero2 --dp-replicate 4", "--batch 2 --microbatches 4 --zero 2 --dp 4"),
     ("--micro-batch 1 --strategy zero3 --dp-replicate 8", "--batch 1 --engine deepspeed --zero 3 --dp 8"),
     ("--micro-batch 1 --strategy deepspeed --zero 1 --dp-replicate 2", "--batch 1 --zero 1 --dp 2"),
-    ("--micro-batch 1 --strategy ddp --dp-replicate 4", "--batch 1 --engine ddp --dp 4"),
-    ("--micro-batch 1 --strategy single", "--batch 1 --engine ddp"),
+    # the trainer's ddp runs bf16 as autocast (fp32 weights): precision fp32 (test_memory_engines checks it live)
+    ("--micro-batch 1 --strategy ddp --dp-replicate 4", "--batch 1 --engine ddp --dp 4 --precision fp32"),
+    ("--micro-batch 1 --strategy ddp --precision 16psi", "--batch 1 --engine ddp"),
+    ("--micro-batch 1 --strategy single --dtype fp32", "--batch 1 --engine ddp --dtype fp32"),
     ("--micro-batch 1 --strategy fsdp2 --dp-shard 8", "--batch 1 --engine fsdp2 --dp 8"),
     ("--micro-batch 1 --strategy fsdp2 --world 16 --tp 2", "--batch 1 --engine fsdp2 --dp 8 --tp 2"),  # fill
     ("--micro-batch 1 --strategy hsdp --dp-replicate 2 --dp-shard 4", "--batch 1 --engine fsdp2 --dp 8 --hsdp-shard 4"),

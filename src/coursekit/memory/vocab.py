@@ -10,6 +10,10 @@ otherwise. ``estimate``, the solvers and ``coursekit memory`` take either spelli
     --dp-replicate R --dp-shard S           --dp R·S, --hsdp-shard S       dp, hsdp_shard
     --tp --pp --cp (--world)                the same                       tp, pp, cp, world
 
+A 16-bit ``dtype`` means what it means to the trainer's strategy: autocast with fp32 weights for ``single`` and
+``ddp`` (precision ``fp32``), DeepSpeed's bf16 (16Ψ) for ``zero*``, FSDP2's MixedPrecisionPolicy (16Ψ with fp32
+sharded master weights) for ``fsdp2`` / ``hsdp``; ``--precision`` overrides it. ``--engine ddp`` keeps 16Ψ.
+
 ``--grad-accum`` is the micro-batches of one optimizer step; under pipelining they are the schedule's micro-batches
 (1F1B holds ``min(pp - i, M)`` of them on stage ``i``), so the calculator's default is ``pp`` where the trainer's is 1.
 The degrees go through ``coursekit.parallel.ParallelDims``, as the trainer's do: the same validation, and the same
@@ -22,10 +26,11 @@ from coursekit.memory import engines
 from coursekit.memory.errors import ConfigError, choice
 from coursekit.parallel.dims import LayoutError, ParallelDims
 
-STRATEGIES = {  # trainer strategy -> (engine, ZeRO stage or None: as given, data-parallel flavour)
-    "single": ("ddp", None, "replicate"), "ddp": ("ddp", None, "replicate"),
-    **{f"zero{k}": ("deepspeed", k, "replicate") for k in range(4)}, "deepspeed": ("deepspeed", None, "replicate"),
-    "fsdp2": ("fsdp2", None, "shard"), "hsdp": ("fsdp2", None, "hybrid"),
+STRATEGIES = {  # trainer strategy -> (engine, ZeRO stage or None: as given, data-parallel flavour, 16-bit precision)
+    "single": ("ddp", None, "replicate", "fp32"), "ddp": ("ddp", None, "replicate", "fp32"),
+    **{f"zero{k}": ("deepspeed", k, "replicate", None) for k in range(4)},
+    "deepspeed": ("deepspeed", None, "replicate", None),
+    "fsdp2": ("fsdp2", None, "shard", None), "hsdp": ("fsdp2", None, "hybrid", None),
 }
 ALIASES = {"micro_batch": "batch", "grad_accum": "microbatches"}  # trainer name -> TrainConfig field
 
@@ -45,7 +50,7 @@ def config_kwargs(kwargs: dict) -> dict:
     if strategy is None and rep is None and shard is None:
         return kw
     if strategy is not None:
-        engine, zero, flavour = STRATEGIES[choice("strategy", strategy, STRATEGIES)]
+        engine, zero, flavour, amp = STRATEGIES[choice("strategy", strategy, STRATEGIES)]
         if kw.get("engine") is not None and kw["engine"] != engine:
             raise ConfigError(f"strategy {strategy!r} runs engine {engine!r}, not {kw['engine']!r}; give one of them")
         if zero is not None and kw.get("zero") is not None and kw["zero"] != zero:
@@ -53,6 +58,8 @@ def config_kwargs(kwargs: dict) -> dict:
         kw["engine"] = engine
         if zero is not None:
             kw["zero"] = zero
+        if amp and kw.get("precision") is None and kw.get("dtype", "bf16") != "fp32":
+            kw["precision"] = amp  # the trainer's single / ddp run --dtype bf16 as autocast: fp32 weights and states
     else:
         engine = kw.get("engine") or "deepspeed"
         flavour = "shard" if engines.get(engine).hybrid_shard else "replicate"
