@@ -1,0 +1,124 @@
+"""``coursekit plan``: the fastest layout that fits, with the reasoning shown.
+
+    coursekit plan --model llama3-8b --gpus 16 --gpus-per-node 8 --gpu H100-80GB --seq 8192 --global-batch 128
+    coursekit plan ... --layout dp_shard=16,tp=1,micro_batch=1,recompute=selective     # evaluate one layout
+    coursekit plan ... --json --top 0                                                   # every candidate
+    coursekit plan ... --plot plan.png                                                  # memory vs step time
+
+Bad input (unknown GPU or model, a node size that does not divide the GPU count, no layout that fits): one line
+``error: ...`` and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from coursekit.memory.gpus import GiB
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coursekit plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="preset name or path to an HF config.json")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (NVLink domain)")
+    p.add_argument("--gpu", default="H100-80GB", help="GPU preset (see coursekit.plan.hardware)")
+    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    p.add_argument("--network", default="ib-400", help="inter-node network preset: ib-400, ib-200, roce-200, ...")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--top", type=int, default=5, help="how many to show (0: every candidate, with --json)")
+    p.add_argument("--json", action="store_true", help="print candidates as a JSON list")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="memory vs predicted step time, Pareto front")
+    p.add_argument("--layout", default=None, help="evaluate one layout: k=v,... (keys: dp_replicate, dp_shard, tp, "
+                   "pp, cp, micro_batch, recompute, zero, engine, pp_schedule, microbatches, virtual_stages, "
+                   "cp_impl, sp)")
+    p.add_argument("--hardware", default=None, metavar="FILE", help="YAML/JSON overrides (gpu, network, "
+                   "collectives: coursekit.comm.bench rows)")
+    return p
+
+
+def _table(cands, best) -> str:
+    from coursekit.plan.search import explain
+
+    head = (f"{'#':>2} {'layout':<44} {'fits':>4} {'GiB':>6} {'step s':>8} {'tok/s/GPU':>10} {'MFU':>6}")
+    rows = [head, "-" * len(head)]
+    for i, c in enumerate(cands, 1):
+        p = c.prediction
+        rows.append(f"{i:>2} {c.layout.short():<44} {'yes' if c.fits else 'NO':>4} {c.peak_bytes / GiB:>6.1f} "
+                    f"{p.step_time_s:>8.3f} {p.tokens_per_s_per_gpu:>10.0f} {p.mfu:>6.1%}")
+        rows.append(f"   why: {explain(c, best)}")
+    return "\n".join(rows)
+
+
+def plot(cands, path: str) -> str:
+    """Peak memory vs predicted step time of every candidate; the Pareto front (fitting) marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from coursekit.plan.search import pareto
+
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    fit = [c for c in cands if c.fits]
+    unfit = [c for c in cands if not c.fits]
+    for group, style, label in ((fit, dict(color="C0", s=8), "fits"), (unfit, dict(color="0.7", s=6), "does not fit")):
+        if group:
+            ax.scatter([c.prediction.step_time_s for c in group], [c.peak_bytes / GiB for c in group], label=label,
+                       **style)
+    front = pareto(cands)
+    if front:
+        ax.plot([c.prediction.step_time_s for c in front], [c.peak_bytes / GiB for c in front], "-o", color="C3",
+                ms=4, label="Pareto front")
+    if cands:
+        ax.axhline(cands[0].capacity_bytes / GiB, color="k", ls=":", lw=1, label="GPU memory less slack")
+    ax.set_xscale("log")
+    ax.set_xlabel("predicted step time (s)")
+    ax.set_ylabel("peak memory per GPU (GiB)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv=None) -> int:
+    from coursekit.plan.hardware import hardware, load_overrides, network
+    from coursekit.plan.layout import parse_layout
+    from coursekit.plan.search import evaluate, plan
+
+    args = build_parser().parse_args(argv)
+    try:
+        hw, net = hardware(args.gpu), network(args.network)
+        if args.hardware:
+            hw, net = load_overrides(args.hardware, hw, net)
+        common = dict(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq=args.seq, global_batch=args.global_batch,
+                      dtype=args.dtype, hw=hw, net=net)
+        if args.top < 0:
+            raise ValueError(f"--top must be >= 0, got {args.top}")
+        if args.layout:
+            cands = [evaluate(args.model, parse_layout(args.layout), **common)]
+        else:
+            cands = plan(args.model, keep_unfit=bool(args.plot) or (args.json and args.top == 0), **common)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    shown = cands if args.top == 0 else cands[:args.top]
+    if args.plot:
+        plot(cands, args.plot)
+    if args.json:
+        print(json.dumps([c.to_dict() for c in shown], indent=1))
+        return 0
+    c0 = cands[0]
+    print(f"{args.model} on {args.gpus} x {hw.name} ({args.gpus_per_node} per node, {net.name}), seq {args.seq}, "
+          f"global batch {args.global_batch}: {len(cands)} candidate(s)"
+          + ("" if args.layout else f", best {len(shown)} shown"))
+    print(_table(shown, c0))
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""What the planner needs to know about a machine: compute peaks, memory bandwidth, links. Pure Python.
+
+Two kinds of figure, kept apart:
+
+* **Data-sheet figures** (cited per GPU below): dense tensor-core peaks and HBM capacity (reused from
+  ``coursekit.memory.gpus``, which cites the same data sheets), HBM bandwidth, the NVLink / Infinity Fabric
+  bandwidth per GPU (one direction), the network bandwidth per GPU.
+* **Stated achievable fractions** (model assumptions, one place, the same for every case the planner is checked on):
+  ``gemm_fraction`` of the dense peak a large GEMM sustains, ``attn_fraction`` for a flash-attention kernel
+  (forward + backward), ``link_fraction`` of a link's one-way bandwidth that a ring collective's bus bandwidth
+  reaches, ``HBM_FRACTION`` of HBM bandwidth for memory-bound kernels.
+
+Overrides: ``load_overrides(path)`` reads YAML or JSON with any field of ``Hardware`` / ``Network`` and, under
+``collectives``, the rows ``coursekit.comm.bench`` measured (per link: ``intra`` for inside a node, ``inter`` across
+nodes), from which per-collective latency and bus bandwidth are fitted (``fit_alpha_beta``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from coursekit.comm.volume import busbw_factor
+from coursekit.memory.gpus import gpu as memory_gpu
+
+GB = 1e9
+HBM_FRACTION = 0.85  # memory-bound kernels (norms, activations, optimizer) reach ~85 % of HBM peak (STREAM-like)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One accelerator and its node. Bandwidths in bytes/s, FLOP/s, seconds."""
+    name: str
+    memory_bytes: int
+    peak_flops: dict
+    """Dense peak per dtype: bf16, fp16, fp32, tf32."""
+    hbm_bw: float
+    """Memory bandwidth (data sheet)."""
+    link_bw: float
+    """Intra-node GPU-to-GPU bandwidth per GPU, one direction (NVLink / Infinity Fabric / PCIe)."""
+    link_fraction: float = 0.80
+    """Ring bus bandwidth / one-way link bandwidth (nccl-tests all_reduce on DGX A100: ~230-240 of 300 GB/s)."""
+    link_latency_s: float = 8e-6
+    """Fixed cost of one collective inside a node (launch + handshake); plus ``hop_latency_s`` per ring step."""
+    hop_latency_s: float = 0.7e-6
+    gemm_fraction: float = 0.70
+    """Fraction of the dense peak a large GEMM sustains in training (clocks under power limits, epilogues)."""
+    gemm_half_dim: int = 96
+    """Small-GEMM curve: each of M, N, K contributes d / (d + gemm_half_dim) (tile fill and wave quantisation)."""
+    attn_fraction: float = 0.45
+    """Fraction of the dense peak a fused (flash) attention kernel sustains, forward and backward together."""
+    kernel_floor_s: float = 4e-6
+    """Shortest time any kernel takes (launch + tail); on a CPU, the per-op dispatch overhead."""
+    overlap: float = 1.0
+    """How much of an overlap window is usable (1: separate copy engines / SMs; 0: comm competes for the cores)."""
+    optimizer_ops_per_tensor: int = 0
+    """Optimizer kernels per parameter tensor beyond the memory-bound term (0: fused / multi-tensor kernels on GPUs;
+    torch's single-tensor AdamW loop on a CPU runs about 10 per tensor)."""
+    loss_sync: bool = False
+    """The trainer all-reduces the loss every step (coursekit's trainer does; a latency-bound call)."""
+    collectives: dict = field(default_factory=dict)
+    """Measured per-op (latency_s, busbw B/s) inside a node, from coursekit.comm.bench rows; overrides the above."""
+    source: str = ""
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_flops:
+            raise ValueError(f"{self.name} has no {dtype} peak; known: {', '.join(self.peak_flops)}")
+        return self.peak_flops[dtype]
+
+    @property
+    def intra_busbw(self) -> float:
+        return self.link_bw * self.link_fraction
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """The inter-node network, per GPU (rail-optimised: one NIC per GPU)."""
+    name: str
+    bw_per_gpu: float
+    """Bytes/s one GPU's NIC carries one way."""
+    fraction: float = 0.90
+    """Achieved bus bandwidth / NIC line rate for large messages (IB ~0.9, RoCE ~0.85)."""
+    latency_s: float = 12e-6
+    """Per tree level of an inter-node collective (NIC + switch + NCCL proxy)."""
+    collectives: dict = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def busbw(self) -> float:
+        return self.bw_per_gpu * self.fraction
+
+
+def _gpu(name, mem_gpu, *, hbm, link, src, **kw):
+    g = memory_gpu(mem_gpu)
+    peaks = {"bf16": g.bf16_flops, "fp16": g.bf16_flops, "fp32": g.fp32_flops}
+    if g.tf32_flops:
+        peaks["tf32"] = g.tf32_flops
+    return Hardware(name=name, memory_bytes=g.memory_bytes, peak_flops=peaks, hbm_bw=hbm, link_bw=link, source=src,
+                    **kw)
+
+
+_NV = "NVIDIA {} Tensor Core GPU data sheet (nvidia.com), dense (non-sparse) peaks"
+HARDWARE: dict[str, Hardware] = {h.name: h for h in (
+    # A100 SXM4: HBM2 1,555 GB/s (40GB) / HBM2e 2,039 GB/s (80GB); NVLink 3: 600 GB/s per GPU both ways
+    _gpu("A100-40GB", "A100-40GB", hbm=1555 * GB, link=300 * GB, src=_NV.format("A100"), gemm_fraction=0.72,
+         attn_fraction=0.50),
+    _gpu("A100-80GB", "A100-80GB", hbm=2039 * GB, link=300 * GB, src=_NV.format("A100"), gemm_fraction=0.72,
+         attn_fraction=0.50),
+    # H100 SXM5: HBM3 3.35 TB/s; NVLink 4: 900 GB/s per GPU both ways. H100 PCIe: HBM2e 2.0 TB/s; 8-GPU PCIe
+    # servers talk over PCIe Gen5 x16 (128 GB/s both ways; the NVLink bridge joins pairs only)
+    _gpu("H100-80GB", "H100-80GB", hbm=3350 * GB, link=450 * GB, src=_NV.format("H100"), gemm_fraction=0.62,
+         attn_fraction=0.40),
+    _gpu("H100-PCIe", "H100-PCIe", hbm=2000 * GB, link=64 * GB, src=_NV.format("H100"), gemm_fraction=0.62,
+         attn_fraction=0.40, link_fraction=0.70),
+    # H200 SXM: H100's compute, HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s
+    _gpu("H200", "H200", hbm=4800 * GB, link=450 * GB, src=_NV.format("H200"), gemm_fraction=0.64,
+         attn_fraction=0.40),
+    # MI300X: HBM3 5.3 TB/s, 192 GB; 7 Infinity Fabric links of 128 GB/s (both ways) to the 7 peers: 448 GB/s one
+    # way in all; a ring uses fewer links than a full mesh offers, hence the lower link_fraction
+    _gpu("MI300X", "MI300X", hbm=5300 * GB, link=448 * GB, link_fraction=0.70, gemm_fraction=0.50,
+         attn_fraction=0.30, src="AMD Instinct MI300X data sheet (amd.com), dense peaks"),
+)}
+HARDWARE_ALIASES = {"h100": "H100-80GB", "h100-sxm": "H100-80GB", "h100-sxm-80gb": "H100-80GB", "a100": "A100-80GB",
+                    "h200-141gb": "H200", "mi300x-192gb": "MI300X", "h100-pcie-80gb": "H100-PCIe"}
+
+_G = "line rate per GPU, one NIC per GPU (rail-optimised)"
+NETWORKS: dict[str, Network] = {n.name: n for n in (
+    Network(name="ib-400", bw_per_gpu=50 * GB, source=f"InfiniBand NDR 400 Gb/s, {_G}"),
+    Network(name="ib-200", bw_per_gpu=25 * GB, source=f"InfiniBand HDR 200 Gb/s, {_G} (DGX A100: 8 x HDR)"),
+    Network(name="ib-100", bw_per_gpu=12.5 * GB, source=f"InfiniBand EDR 100 Gb/s, {_G}"),
+    Network(name="roce-400", bw_per_gpu=50 * GB, fraction=0.85, latency_s=15e-6, source=f"RoCE 400 Gb/s, {_G}"),
+    Network(name="roce-200", bw_per_gpu=25 * GB, fraction=0.85, latency_s=15e-6, source=f"RoCE 200 Gb/s, {_G}"),
+    Network(name="roce-100", bw_per_gpu=12.5 * GB, fraction=0.85, latency_s=15e-6, source=f"RoCE 100 Gb/s, {_G}"),
+    Network(name="efa-3200", bw_per_gpu=50 * GB, fraction=0.80, latency_s=20e-6,
+            source="AWS p5 EFA v2, 3,200 Gb/s per 8-GPU node"),
+    Network(name="opa-4x100", bw_per_gpu=6.25 * GB, fraction=0.85, latency_s=15e-6,
+            source="4 x 100 Gb/s Omni-Path per 8-GPU node (Jean Zay A100 partition, BLOOM paper §3.4)"),
+    Network(name="eth-100", bw_per_gpu=12.5 * GB / 8, fraction=0.80, latency_s=30e-6,
+            source="one 100 Gb/s Ethernet port per 8-GPU node"),
+)}
+
+
+def hardware(name) -> Hardware:
+    """The GPU preset called ``name`` (case-insensitive), or a ValueError naming the known ones."""
+    if isinstance(name, Hardware):
+        return name
+    key = HARDWARE_ALIASES.get(str(name).lower(), str(name))
+    for k, v in HARDWARE.items():
+        if k.lower() == key.lower():
+            return v
+    raise ValueError(f"unknown GPU {name!r}; known: {', '.join(HARDWARE)} (or describe one with --hardware FILE)")
+
+
+def network(name) -> Network:
+    if isinstance(name, Network):
+        return name
+    for k, v in NETWORKS.items():
+        if k.lower() == str(name).lower():
+            return v
+    raise ValueError(f"unknown network {name!r}; known: {', '.join(NETWORKS)} (or set it with --hardware FILE)")
+
+
+# -- measured collectives ----------------------------------------------------------------------------------------------
+def fit_alpha_beta(rows, op: str) -> tuple[float, float]:
+    """Least-squares fit of ``time = alpha + wire_bytes / busbw`` to coursekit.comm.bench rows of ``op``.
+
+    Returns (alpha_s, busbw B/s). busbw is per-rank wire bytes per second (nccl-tests' convention), so the fit is
+    valid at the group size benchmarked and carries to other sizes through ``busbw_factor``.
+    """
+    pts = [(r["size"] * busbw_factor(op, r["world_size"]), r["time_us"] * 1e-6) for r in rows if r["op"] == op]
+    if len(pts) < 2:
+        raise ValueError(f"need at least two benchmark rows of {op}, got {len(pts)}")
+    n = len(pts)
+    mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
+    if slope <= 0:
+        raise ValueError(f"benchmark rows of {op} do not grow with size; cannot fit a bandwidth")
+    alpha = max(0.0, my - slope * mx)
+    return alpha, 1.0 / slope
+
+
+def collectives_from_rows(rows) -> dict:
+    """{op: (alpha_s, busbw)} for every op with at least two rows (ring_all_reduce is skipped)."""
+    rows = rows.get("rows", rows) if isinstance(rows, dict) else rows
+    ops = sorted({r["op"] for r in rows} - {"ring_all_reduce"})
+    return {op: fit_alpha_beta(rows, op) for op in ops if sum(r["op"] == op for r in rows) >= 2}
+
+
+def _rows_from(spec, base: Path):
+    if isinstance(spec, (str, Path)):
+        return json.loads((base / spec).read_text())
+    return spec
+
+
+def load_overrides(path, hw: Hardware, net: Network) -> tuple[Hardware, Network]:
+    """Apply a YAML/JSON file to the chosen presets. Top-level keys: ``gpu`` (Hardware fields; figures in the
+    units above, e.g. ``hbm_bw: 3.35e12``), ``network`` (Network fields), ``collectives`` ({intra|inter: bench rows or
+    a path to a JSON file of them})."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"hardware file {path} not found")
+    text = p.read_text()
+    if p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping with keys gpu, network, collectives")
+    unknown = set(data) - {"gpu", "network", "collectives"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; use gpu, network, collectives")
+    hw = _apply(hw, data.get("gpu") or {}, path)
+    net = _apply(net, data.get("network") or {}, path)
+    coll = data.get("collectives") or {}
+    if "intra" in coll:
+        hw = replace(hw, collectives=collectives_from_rows(_rows_from(coll["intra"], p.parent)))
+    if "inter" in coll:
+        net = replace(net, collectives=collectives_from_rows(_rows_from(coll["inter"], p.parent)))
+    return hw, net
+
+
+def _number(v, current, key, path):
+    """YAML 1.1 reads ``1.0e12`` (no exponent sign) as a string: take numbers for numeric fields."""
+    if isinstance(current, (int, float)) and not isinstance(current, bool) and isinstance(v, str):
+        try:
+            return type(current)(float(v))
+        except ValueError:
+            raise ValueError(f"{path}: {key} must be a number, got {v!r}") from None
+    if isinstance(current, dict) and isinstance(v, dict):
+        return {k: float(x) if isinstance(x, str) else x for k, x in v.items()}
+    return v
+
+
+def _apply(obj, changes: dict, path):
+    names = {f.name for f in fields(obj)}
+    bad = set(changes) - names
+    if bad:
+        raise ValueError(f"{path}: unknown {type(obj).__name__} fields {sorted(bad)}; known: {', '.join(sorted(names))}")
+    changes = {k: _number(v, getattr(obj, k), k, path) for k, v in changes.items()}
+    if "peak_flops" in changes:
+        changes = dict(changes, peak_flops={**obj.peak_flops, **changes["peak_flops"]})
+    return replace(obj, **changes)

@@ -1,0 +1,145 @@
+"""One candidate layout: the parallel core's degrees plus the knobs that change speed and memory. Pure Python.
+
+Key names are ``coursekit.parallel.ParallelDims``' (dp_replicate, dp_shard, tp, pp, cp) plus micro_batch,
+recompute, zero, engine, pp_schedule, microbatches, virtual_stages, cp_impl and sp. ``--layout k=v,...`` parses
+into this; ``to_dict`` is what ``--json`` prints.
+
+Data-parallel strategy from (engine, zero, dp_shard, dp_replicate):
+    ddp                   engine ddp, dp_shard 1
+    zero1 / zero2 / zero3 engine deepspeed, zero 1-3 (ZeRO's group is the replicate axis, as in ParallelDims)
+    fsdp2                 engine fsdp2, dp_replicate 1: parameters sharded over all data-parallel ranks
+    hsdp                  engine fsdp2, dp_replicate > 1 and dp_shard > 1: sharded within a group, replicated across
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from coursekit.parallel import ParallelDims
+
+ENGINES = ("ddp", "deepspeed", "fsdp2")
+RECOMPUTE = ("none", "selective", "full")
+PP_SCHEDULES = ("1f1b", "gpipe")
+CP_IMPLS = ("ring", "ulysses")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    recompute: str = "none"
+    zero: int = 0
+    engine: str = "ddp"
+    pp_schedule: str = "1f1b"
+    """1f1b (with virtual_stages > 1: interleaved 1F1B) or gpipe (same bubble, every micro-batch's activations)."""
+    microbatches: int | None = None
+    """Micro-batches per optimizer step per pipeline (gradient accumulation); None: global batch / (dp x micro_batch)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved schedule)."""
+    cp_impl: str = "ring"
+    sp: bool = True
+    """Sequence parallelism over the TP group (Korthikanti et al. 2022); ignored when tp = 1."""
+
+    def __post_init__(self):
+        for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "micro_batch", "virtual_stages"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"layout {k} must be a positive integer, got {v!r}")
+        for k, allowed in (("recompute", RECOMPUTE), ("engine", ENGINES), ("pp_schedule", PP_SCHEDULES),
+                           ("cp_impl", CP_IMPLS)):
+            if getattr(self, k) not in allowed:
+                raise ValueError(f"layout {k} must be one of {', '.join(allowed)}, got {getattr(self, k)!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"layout zero must be 0-3, got {self.zero!r}")
+        if self.engine != "deepspeed" and self.zero:
+            raise ValueError(f"zero={self.zero} is a DeepSpeed stage: set engine=deepspeed")
+        if self.engine != "fsdp2" and self.dp_shard > 1:
+            raise ValueError(f"dp_shard {self.dp_shard} needs engine=fsdp2 (FSDP2 / HSDP); DDP and ZeRO use "
+                             "dp_replicate")
+        if self.virtual_stages > 1 and (self.pp == 1 or self.pp_schedule != "1f1b"):
+            raise ValueError("virtual_stages > 1 is the interleaved 1F1B schedule: needs pp > 1 and pp_schedule=1f1b")
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def strategy(self) -> str:
+        if self.engine == "deepspeed":
+            return f"zero{self.zero}" if self.zero else "ddp"
+        if self.engine == "fsdp2":
+            return "hsdp" if self.dp_replicate > 1 and self.dp_shard > 1 else "fsdp2"
+        return "ddp"
+
+    @property
+    def shards_params(self) -> bool:
+        return self.engine == "fsdp2" or (self.engine == "deepspeed" and self.zero == 3)
+
+    def dims(self) -> ParallelDims:
+        flavour = "replicate" if self.engine != "fsdp2" else ("hybrid" if self.dp_replicate > 1 else "shard")
+        return ParallelDims(world_size=self.world, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
+                            tp=self.tp, pp=self.pp, cp=self.cp, dp_flavour=flavour)
+
+    def memory_kwargs(self) -> dict:
+        """Keyword arguments for ``coursekit.memory.estimate`` (its TrainConfig names)."""
+        kw = dict(batch=self.micro_batch, recompute=self.recompute, dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
+                  sp=self.sp and self.tp > 1, zero=self.zero, engine=self.engine,
+                  pp_schedule=self.pp_schedule, microbatches=self.microbatches)
+        if self.engine == "fsdp2" and self.dp_replicate > 1:
+            kw["hsdp_shard"] = self.dp_shard
+        return kw
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def short(self) -> str:
+        parts = [self.strategy + (f"({self.dp_replicate}x{self.dp_shard})" if self.strategy == "hsdp" else "")
+                 + f" dp{self.dp}"]
+        parts += [f"{k}{getattr(self, k)}" for k in ("tp", "pp", "cp") if getattr(self, k) > 1]
+        if self.virtual_stages > 1:
+            parts.append(f"v{self.virtual_stages}")
+        if self.cp > 1:
+            parts.append(self.cp_impl)
+        parts.append(f"mb{self.micro_batch}")
+        if self.recompute != "none":
+            parts.append(f"rc-{self.recompute}")
+        if self.tp > 1 and not self.sp:
+            parts.append("no-sp")
+        return " ".join(parts)
+
+
+_INT = {"dp_replicate", "dp_shard", "tp", "pp", "cp", "micro_batch", "zero", "microbatches", "virtual_stages"}
+
+
+def parse_layout(text: str) -> dict:
+    """'dp_shard=8,tp=1,micro_batch=2,recompute=selective' -> a dict of Layout fields (values typed)."""
+    names = {f.name for f in fields(Layout)}
+    out = {}
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        if "=" not in item:
+            raise ValueError(f"--layout item {item!r} is not key=value")
+        k, v = (x.strip() for x in item.split("=", 1))
+        if k not in names:
+            raise ValueError(f"unknown --layout key {k!r}; known: {', '.join(sorted(names))}")
+        if k in _INT:
+            try:
+                out[k] = int(v)
+            except ValueError:
+                raise ValueError(f"--layout {k} must be an integer, got {v!r}") from None
+        elif k == "sp":
+            out[k] = v.lower() in ("1", "true", "yes", "on")
+        else:
+            out[k] = v
+    if out.get("zero") and "engine" not in out:
+        out["engine"] = "deepspeed"
+    if out.get("dp_shard", 1) > 1 and "engine" not in out:
+        out["engine"] = "fsdp2"
+    return out

@@ -1,0 +1,261 @@
+"""Search the layouts of a model on a cluster: enumerate, keep those that fit, rank by predicted step time.
+
+Enumerated (``plan``): tp over divisors of the node size that split the heads; cp (ring, and Ulysses where the
+heads split over tp x cp) while each rank keeps >= MIN_CP_TOKENS tokens; pp over divisors of what is left, up to
+the layer count, with 1, 2 or 4 virtual stages; data parallel as DDP, ZeRO-1/2/3, FSDP2 and HSDP (sharded within a
+node, replicated across; with pp > 1 only DDP, ZeRO-1 and FSDP2, as Megatron / DeepSpeed / torchtitan compose
+them); recompute none / selective / full; every micro-batch that divides the per-rank batch. 1F1B only: GPipe has
+the same bubble and holds more activations, so it never wins (``--layout pp_schedule=gpipe`` evaluates it).
+
+Pruning (exact, never drops a fitting layout): a (degrees, strategy) whose smallest configuration (micro-batch 1,
+full recompute) does not fit is skipped whole; micro-batches grow until the first that does not fit (memory grows
+with the micro-batch); the memory estimate is shared by layouts that differ only in virtual stages or CP kind.
+
+Fit: ``coursekit.memory.estimate`` peak <= (1 - MEMORY_SLACK) x GPU memory: the calculator's stated slack for
+allocator fragmentation and caching (its docstring: "leave 5-10 %").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from coursekit.memory import estimate
+from coursekit.memory.calculator import resolve_model
+from coursekit.memory.gpus import GiB
+from coursekit.parallel import LayoutError, check_model
+from coursekit.plan.hardware import Hardware, Network, hardware as hw_lookup, network as net_lookup
+from coursekit.plan.layout import RECOMPUTE, Layout
+from coursekit.plan.steptime import Cluster, Prediction, predict
+
+MEMORY_SLACK = 0.05
+MIN_CP_TOKENS = 1024
+VIRTUAL_STAGES = (1, 2, 4)
+
+
+class NoFit(ValueError):
+    """No layout fits; ``extra_bytes`` is the smallest extra memory per GPU that would make one fit."""
+
+    def __init__(self, msg, extra_bytes=None, closest=None):
+        super().__init__(msg)
+        self.extra_bytes, self.closest = extra_bytes, closest
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    prediction: Prediction
+    peak_bytes: int
+    capacity_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_dict(self) -> dict:
+        p = self.prediction
+        return {"layout": self.layout.to_dict(), "strategy": self.layout.strategy, "summary": self.layout.short(),
+                "fits": self.fits, "peak_bytes": self.peak_bytes, "capacity_bytes": self.capacity_bytes,
+                **p.to_dict()}
+
+
+def make_cluster(gpus: int, gpus_per_node: int, gpu="H100-80GB", network="ib-400", hw: Hardware | None = None,
+                 net: Network | None = None) -> Cluster:
+    for k, v in (("gpus", gpus), ("gpus_per_node", gpus_per_node)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    if gpus % gpus_per_node and gpus > gpus_per_node:
+        raise ValueError(f"--gpus-per-node {gpus_per_node} does not divide --gpus {gpus}: nodes must be whole")
+    g = min(gpus, gpus_per_node)
+    return Cluster(hw=hw or hw_lookup(gpu), net=net or net_lookup(network), gpus=gpus, gpus_per_node=g)
+
+
+class _Evaluator:
+    def __init__(self, shape, cluster: Cluster, seq, global_batch, dtype, attention):
+        self.shape, self.cluster, self.seq, self.B, self.dtype, self.attention = (shape, cluster, seq, global_batch,
+                                                                                  dtype, attention)
+        self.capacity = int(cluster.hw.memory_bytes * (1 - MEMORY_SLACK))
+        self.cache: dict = {}
+        self.closest: tuple | None = None  # (extra bytes, layout) of the best non-fitting layout
+
+    def peak(self, L: Layout) -> int:
+        m = self.B // (L.dp * L.micro_batch)
+        kw = L.memory_kwargs()
+        kw["microbatches"] = m
+        key = tuple(sorted(kw.items()))
+        if key not in self.cache:
+            impl = dict(impl="fused", attention="sdpa") if self.attention == "flash" else dict(impl="hf",
+                                                                                                attention="eager")
+            self.cache[key] = estimate(self.shape, seq=self.seq, dtype=self.dtype, **impl, **kw).peak_bytes
+        peak = self.cache[key]
+        if peak > self.capacity and (self.closest is None or peak - self.capacity < self.closest[0]):
+            self.closest = (peak - self.capacity, L)
+        return peak
+
+    def candidate(self, L: Layout) -> Candidate:
+        p = predict(self.shape, L, self.cluster, seq=self.seq, global_batch=self.B, dtype=self.dtype,
+                    attention=self.attention)
+        return Candidate(L, p, self.peak(L), self.capacity)
+
+
+def _check(shape, L: Layout, seq: int) -> None:
+    check_model(L.dims(), num_layers=shape.layers, num_heads=shape.heads, num_kv_heads=shape.kv_heads, seq=seq,
+                cp_impl=L.cp_impl if L.cp > 1 else None, sp=L.sp and L.tp > 1, virtual_stages=L.virtual_stages)
+
+
+def evaluate(model, layout: Layout | dict, *, gpus: int | None = None, gpus_per_node: int = 8, gpu="H100-80GB",
+             network="ib-400", seq: int, global_batch: int, dtype: str = "bf16", attention: str = "flash",
+             hw: Hardware | None = None, net: Network | None = None) -> Candidate:
+    """One given layout (``--layout``): its memory, fit and predicted step time. A dict may omit the data-parallel
+    degree: what tp·pp·cp leave of ``gpus`` goes to dp_shard (engine fsdp2) or dp_replicate."""
+    shape = resolve_model(model)
+    if isinstance(layout, dict):
+        layout = _fill(dict(layout), gpus)
+    gpus = gpus or layout.world
+    if layout.world != gpus:
+        raise ValueError(f"layout uses {layout.world} GPUs (dp {layout.dp} x tp {layout.tp} x pp {layout.pp} x cp "
+                         f"{layout.cp}) but --gpus is {gpus}")
+    _check(shape, layout, seq)
+    ev = _Evaluator(shape, make_cluster(gpus, gpus_per_node, gpu, network, hw, net), seq, global_batch, dtype,
+                    attention)
+    return ev.candidate(layout)
+
+
+def _fill(d: dict, gpus: int | None) -> Layout:
+    if gpus and "dp_replicate" not in d and "dp_shard" not in d:
+        rest = d.get("tp", 1) * d.get("pp", 1) * d.get("cp", 1)
+        if gpus % rest:
+            raise ValueError(f"tp x pp x cp = {rest} does not divide --gpus {gpus}")
+        d["dp_shard" if d.get("engine") == "fsdp2" else "dp_replicate"] = gpus // rest
+    elif gpus and d.get("engine") == "fsdp2" and "dp_shard" not in d:
+        rest = d.get("tp", 1) * d.get("pp", 1) * d.get("cp", 1) * d["dp_replicate"]
+        d["dp_shard"] = max(1, gpus // rest)
+    elif gpus and "dp_replicate" not in d:
+        rest = d.get("tp", 1) * d.get("pp", 1) * d.get("cp", 1) * d["dp_shard"]
+        d["dp_replicate"] = max(1, gpus // rest)
+    return Layout(**d)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _dp_variants(dp: int, pp: int, node_left: int) -> list[dict]:
+    if dp == 1:
+        return [dict(engine="ddp")]
+    out = [dict(engine="ddp", dp_replicate=dp), dict(engine="deepspeed", zero=1, dp_replicate=dp),
+           dict(engine="fsdp2", dp_shard=dp)]
+    if pp == 1:
+        out += [dict(engine="deepspeed", zero=2, dp_replicate=dp), dict(engine="deepspeed", zero=3, dp_replicate=dp)]
+        if 1 < node_left < dp and dp % node_left == 0:
+            out.append(dict(engine="fsdp2", dp_shard=node_left, dp_replicate=dp // node_left))
+    return out
+
+
+def layouts_of(shape, gpus: int, gpus_per_node: int, seq: int, global_batch: int):
+    """Every (tp, cp, cp_impl, pp, data-parallel variant) the search visits, as Layout stubs (micro-batch 1)."""
+    g = min(gpus, gpus_per_node)
+    for tp in _divisors(g):
+        for cp in _divisors(gpus // tp):
+            if cp > 1 and (seq // cp < MIN_CP_TOKENS or seq % (2 * cp)):
+                continue
+            for impl in (("ring", "ulysses") if cp > 1 else ("ring",)):
+                for pp in _divisors(gpus // (tp * cp)):
+                    if pp > shape.layers:
+                        break
+                    dp = gpus // (tp * cp * pp)
+                    if global_batch % dp:
+                        continue
+                    for var in _dp_variants(dp, pp, max(1, g // (tp * cp))):
+                        for v in (VIRTUAL_STAGES if pp > 1 else (1,)):
+                            if pp * v > shape.layers:
+                                continue
+                            try:
+                                L = Layout(tp=tp, cp=cp, pp=pp, cp_impl=impl, virtual_stages=v, **var)
+                                _check(shape, L, seq)
+                            except (LayoutError, ValueError):
+                                continue
+                            yield L
+
+
+def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="ib-400", seq: int,
+         global_batch: int, dtype: str = "bf16", attention: str = "flash", hw: Hardware | None = None,
+         net: Network | None = None, keep_unfit: bool = False, fixed: dict | None = None) -> list[Candidate]:
+    """All evaluated candidates, fitting ones first, each group by predicted step time. Raises NoFit if none fits.
+
+    ``fixed``: Layout fields held at a value (e.g. {"sp": False, "recompute": "full"} to search only what a 2021
+    Megatron-LM could run); everything else is searched."""
+    fixed = dict(fixed or {})
+    names = {f.name for f in fields(Layout)}
+    if set(fixed) - names:
+        raise ValueError(f"unknown fixed layout keys {sorted(set(fixed) - names)}; known: {', '.join(sorted(names))}")
+    preset = {k: v for k, v in fixed.items() if k in ("sp", "pp_schedule")}  # not enumerated: set, not filtered
+    shape = resolve_model(model)
+    cluster = make_cluster(gpus, gpus_per_node, gpu, network, hw, net)
+    for k, v in (("seq", seq), ("global_batch", global_batch)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    ev = _Evaluator(shape, cluster, seq, global_batch, dtype, attention)
+    out: list[Candidate] = []
+    skipped: set = set()
+    for stub in layouts_of(shape, gpus, cluster.gpus_per_node, seq, global_batch):
+        if preset:
+            stub = replace(stub, **preset)
+        if any(getattr(stub, k) != v for k, v in fixed.items() if k not in ("micro_batch", "recompute")):
+            continue
+        key = (stub.tp, stub.cp, stub.pp, stub.strategy, stub.dp_shard)
+        if key in skipped:
+            continue
+        try:
+            smallest = ev.peak(replace(stub, recompute="full"))
+        except ValueError:  # a layout the memory calculator refuses (e.g. CP without a flash kernel)
+            skipped.add(key)
+            continue
+        if smallest > ev.capacity:
+            skipped.add(key)
+            continue
+        per_rank = global_batch // stub.dp
+        for rc in ([fixed["recompute"]] if "recompute" in fixed else RECOMPUTE):
+            for mb in ([fixed["micro_batch"]] if "micro_batch" in fixed else _divisors(per_rank)):
+                L = replace(stub, micro_batch=mb, recompute=rc)
+                c = ev.candidate(L)
+                if not c.fits:
+                    if keep_unfit:
+                        out.append(c)
+                    break
+                out.append(c)
+    fitting = sorted((c for c in out if c.fits), key=lambda c: (c.prediction.step_time_s, c.peak_bytes))
+    if not fitting:
+        cap = cluster.hw.memory_bytes
+        if ev.closest is None:
+            raise NoFit(f"no layout of {shape.name} splits over {gpus} GPUs with global batch {global_batch} and "
+                        f"sequence {seq} (check that the batch divides over some data-parallel degree)")
+        extra, L = ev.closest
+        raise NoFit(f"no layout fits in {cap / GiB:.1f} GiB per GPU ({cluster.hw.name}, keeping "
+                    f"{MEMORY_SLACK:.0%} slack); the closest, {L.short()}, needs {extra / GiB:.2f} GiB more per GPU",
+                    extra_bytes=extra, closest=L)
+    return fitting + sorted((c for c in out if not c.fits), key=lambda c: c.prediction.step_time_s)
+
+
+def pareto(cands: list[Candidate]) -> list[Candidate]:
+    """Fitting candidates no other beats on both memory and step time, by memory ascending."""
+    front, best_t = [], float("inf")
+    for c in sorted((c for c in cands if c.fits), key=lambda c: (c.peak_bytes, c.prediction.step_time_s)):
+        if c.prediction.step_time_s < best_t:
+            front.append(c)
+            best_t = c.prediction.step_time_s
+    return front
+
+
+def explain(c: Candidate, best: Candidate | None = None) -> str:
+    """Why a candidate ranks where it does: where its step time goes, and what it loses to the best."""
+    p, s = c.prediction, c.prediction.step_time_s
+    parts = {"compute": p.compute_s, "bubble": p.bubble_s, **{f"{k} comm": v for k, v in p.exposed_s.items()},
+             "optimizer": p.optimizer_s}
+    shares = ", ".join(f"{k} {v / s:.0%}" for k, v in parts.items() if v / s >= 0.01)
+    head = f"{shares}; {c.peak_bytes / GiB:.1f} of {c.capacity_bytes / GiB:.1f} GiB"
+    if best is None or best is c:
+        return head
+    bp = best.prediction
+    other = {"compute": bp.compute_s, "bubble": bp.bubble_s, **{f"{k} comm": v for k, v in bp.exposed_s.items()},
+             "optimizer": bp.optimizer_s}
+    worst = max(parts, key=lambda k: parts[k] - other[k])
+    return f"{head}; {s / bp.step_time_s - 1:+.1%} vs #1, mostly {worst} (+{(parts[worst] - other[worst]) * 1e3:.0f} ms)"

@@ -1,0 +1,281 @@
+"""Predicted time of one optimizer step of a layout, split into compute, exposed communication and bubble.
+
+Pure Python. Every term is a stated model; the same constants serve every case (docs/planner.md gives the derivations).
+
+Compute (per micro-batch, on the busiest pipeline stage: ceil(L/pp) layers plus the LM head on the last stage):
+  * each GEMM of a layer (q/k/v, o, MLP in, MLP out; TP-sharded) is a roofline:
+        t = max(2MNK / (peak · gemm_fraction · e(M)e(N)e(K)),  bytes(MK + KN + MN) / HBM,  kernel_floor)
+    with the small-GEMM curve e(d) = d / (d + gemm_half_dim). Backward runs the two GEMMs (input and weight
+    gradient) with the same three dimensions, so a GEMM's training time is 3 x its forward time.
+  * attention core: flash (causal, half the s x s FLOPs; backward 2.5x forward, it recomputes QK^T) at
+    attn_fraction of peak; or eager (full s x s batched GEMMs through the roofline + the score-matrix traffic).
+  * element-wise kernels (norms, activation, residuals, rotary, dropout): HBM traffic of E_H reads/writes of a
+    hidden vector per token (each TP rank does all of them unless sequence parallelism splits them) and E_F of an
+    MLP vector, forward + backward, each layer at least OPS_PER_LAYER kernel floors; the loss reads/writes the
+    fp32 logits LOSS_PASSES times.
+  * recompute: full re-runs every layer's forward; selective re-runs the attention core.
+
+Communication: bytes from ``coursekit.comm.volume`` conventions (wire bytes per rank = payload x busbw factor);
+time = alpha + wire / busbw for the link of the group: NVLink when the group's ranks fit in a node (mesh order
+pp, dp_replicate, dp_shard, cp, tp: tp innermost), else the network with busbw = min(NVLink, k x NIC) for k
+members of the group per node; alpha grows with ring steps inside a node and tree levels across nodes.
+
+Overlap (stated per strategy):
+  * DDP / ZeRO-1/2: the gradient reduce overlaps the backward of the last micro-batch except its last bucket;
+    ZeRO-2 reduces each micro-batch during its own backward; ZeRO-1/2 all-gather updated parameters after the
+    step (exposed).
+  * FSDP2 / HSDP / ZeRO-3: the all-gather of the next unit overlaps this unit's compute; exposed: the first
+    unit's gather, the last unit's reduce-scatter, and whatever communication exceeds the compute.
+  * TP all-reduces (or SP all-gather + reduce-scatter) are exposed (no async TP).
+  * PP: bubble (p - 1) / (v·m + p - 1) of the pipeline time; stage-to-stage sends exposed.
+  * CP ring: each K/V exchange overlaps one block of attention compute, exposed only beyond it; Ulysses
+    all-to-alls are exposed.
+  * optimizer: memory-bound over this rank's parameter shard (OPT_BYTES per parameter).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from coursekit.comm.volume import busbw_factor
+from coursekit.flops import flops_per_step
+from coursekit.memory.activations import DTYPE_BYTES
+from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network
+from coursekit.plan.layout import Layout
+
+E_H = 32  # hidden-vector reads+writes per token per layer, fwd+bwd (2 norms, 2 residuals, rotary, dropout, casts)
+E_F = 8  # MLP-width reads+writes per token per layer (activation fn and gate product, fwd+bwd)
+OPS_PER_LAYER = 100  # non-GEMM kernels per layer, forward + backward (unfused HF-style modules)
+LOSS_PASSES = 6  # fp32 logits: upcast, log-softmax, its backward
+SCORE_PASSES = 12  # eager attention: s x s scores written/read by scale, mask, softmax, dropout, fwd + bwd
+OPT_BYTES = 32  # AdamW per parameter: fp32 master, m, v read + write (24), fp32 grad read (4), bf16 param (2+2)
+DDP_BUCKET = 25 * 2**20  # torch DDP bucket_cap_mb default
+DS_BUCKET = 5e8 * 4  # DeepSpeed reduce_bucket_size default (5e8 elements, fp32 gradients)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hw: Hardware
+    net: Network
+    gpus: int
+    gpus_per_node: int
+
+
+@dataclass
+class Prediction:
+    step_time_s: float
+    compute_s: float
+    bubble_s: float
+    exposed_s: dict
+    """Exposed communication per dimension: tp, cp, pp, dp (+ fsdp gathers), in seconds per step."""
+    optimizer_s: float
+    microbatches: int
+    tokens_per_s_per_gpu: float
+    mfu: float
+    hfu: float
+    links: dict = field(default_factory=dict)
+    """Which link each group uses: nvlink or network."""
+
+    def to_dict(self) -> dict:
+        return {"step_time_s": self.step_time_s, "compute_s": self.compute_s, "bubble_s": self.bubble_s,
+                "exposed_s": dict(self.exposed_s), "optimizer_s": self.optimizer_s,
+                "microbatches": self.microbatches, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+                "mfu": self.mfu, "hfu": self.hfu, "links": dict(self.links)}
+
+
+# -- building blocks ---------------------------------------------------------------------------------------------------
+def gemm_time(M: float, K: float, N: float, hw: Hardware, dtype: str, batch: float = 1) -> float:
+    """Roofline time of ``batch`` GEMMs of (M x K) @ (K x N)."""
+    e = hw.gemm_fraction * math.prod(d / (d + hw.gemm_half_dim) for d in (M, K, N))
+    b = DTYPE_BYTES[dtype]
+    t_flop = 2 * M * K * N / (hw.peak(dtype) * e)
+    t_mem = b * (M * K + K * N + M * N) / (hw.hbm_bw * HBM_FRACTION)
+    return batch * max(t_flop, t_mem, hw.kernel_floor_s)
+
+
+def _ring_steps(op: str, n: int) -> int:
+    return 2 * (n - 1) if op == "all_reduce" else n - 1
+
+
+class Links:
+    """Which link a process group uses, from its place in the mesh (ParallelDims order) and the node size."""
+
+    ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+    def __init__(self, layout: Layout, cluster: Cluster):
+        self.deg = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
+                    "cp": layout.cp, "tp": layout.tp}
+        self.c = cluster
+
+    def placement(self, axes: tuple) -> tuple[int, int, int]:
+        """(group size, members per node, nodes spanned) of a group made of contiguous mesh ``axes``."""
+        inner = self.ORDER[self.ORDER.index(axes[-1]) + 1:]
+        stride = math.prod(self.deg[a] for a in inner)
+        n = math.prod(self.deg[a] for a in axes)
+        g = self.c.gpus_per_node
+        k = 1 if stride >= g else max(1, min(n, g // stride))
+        return n, k, max(1, n // k)
+
+    def kind(self, axes: tuple) -> str:
+        n, k, nodes = self.placement(axes)
+        return "nvlink" if nodes == 1 else "network"
+
+    def time(self, op: str, payload: float, axes: tuple, calls: float = 1) -> float:
+        """Seconds for ``calls`` collectives of ``payload`` bytes (nccl-tests size convention) over the group."""
+        n, k, nodes = self.placement(axes)
+        if n == 1 or calls == 0:
+            return 0.0
+        hw, net = self.c.hw, self.c.net
+        wire = payload * busbw_factor(op, n)
+        if nodes == 1:
+            alpha, bw = hw.collectives.get(op) or (hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, n),
+                                                   hw.intra_busbw)
+        else:
+            lv = 2 if op == "all_reduce" else 1
+            alpha, bw = net.collectives.get(op) or (
+                hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, k) + lv * net.latency_s * math.ceil(
+                    math.log2(nodes)), min(hw.intra_busbw, k * net.busbw))
+        return calls * (alpha + wire / bw)
+
+    def p2p(self, nbytes: float, axis: str, calls: float = 1) -> float:
+        """Point-to-point sends to a neighbour along ``axis`` (pipeline stages, CP ring)."""
+        if self.deg[axis] == 1 or calls == 0:
+            return 0.0
+        hw, net = self.c.hw, self.c.net
+        if self.kind((axis,)) == "nvlink":
+            alpha, bw = (hw.collectives.get("send") or (hw.link_latency_s, hw.intra_busbw))
+        else:
+            alpha, bw = (net.collectives.get("send") or (net.latency_s, net.busbw))
+        return calls * (alpha + nbytes / bw)
+
+
+def _stage_tensors(shape, stage_layers: int) -> int:
+    per_layer, first, last = shape.local_tensors()
+    return stage_layers * per_layer + max(first, last)
+
+
+# -- the model ---------------------------------------------------------------------------------------------------------
+def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: int, dtype: str = "bf16",
+            attention: str = "flash") -> Prediction:
+    """Predicted step time of ``layout`` for ``shape`` (a ModelShape) on ``cluster``."""
+    hw, L = cluster.hw, layout
+    if attention not in ("flash", "eager"):
+        raise ValueError(f"attention must be flash or eager, got {attention!r}")
+    if global_batch % (L.dp * L.micro_batch):
+        raise ValueError(f"global batch {global_batch} is not divisible by dp {L.dp} x micro_batch {L.micro_batch}")
+    m = global_batch // (L.dp * L.micro_batch)
+    if L.microbatches is not None and L.microbatches != m:
+        raise ValueError(f"microbatches {L.microbatches} != global batch {global_batch} / (dp {L.dp} x micro_batch "
+                         f"{L.micro_batch}) = {m}")
+    act = DTYPE_BYTES[dtype]
+    h, f, V, d = shape.hidden, shape.ffn, shape.vocab, shape.head_dim
+    tp, cp, pp, v = L.tp, L.cp, L.pp, L.virtual_stages
+    sp = L.sp and tp > 1
+    t = L.micro_batch * seq / cp  # tokens per micro-batch on this rank
+    heads = shape.heads / tp
+    kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
+    links = Links(L, cluster)
+
+    # compute of one layer, one micro-batch
+    n_in = 2 if shape.mlp == "swiglu" else 1
+    gemms = [(t, h, (heads + 2 * kv_heads) * d), (t, heads * d, h), (t, h, n_in * f / tp), (t, f / tp, h)]
+    g_fwd = sum(gemm_time(*g, hw, dtype) for g in gemms)
+    if attention == "flash":
+        fl = 4 * L.micro_batch * heads * (seq / cp) * seq * d * 0.5  # causal, load-balanced over CP ranks
+        a_fwd = max(fl / (hw.peak(dtype) * hw.attn_fraction), hw.kernel_floor_s)
+        a_bwd = 2.5 * a_fwd
+    else:
+        bmm = L.micro_batch * heads
+        a_fwd = 2 * gemm_time(seq / cp, d, seq, hw, dtype, bmm)
+        a_fwd += SCORE_PASSES / 2 * bmm * (seq / cp) * seq * act / (hw.hbm_bw * HBM_FRACTION)
+        a_bwd = 2 * a_fwd
+    elem = t * (E_H * h / (tp if sp else 1) + E_F * f / tp) * act / (hw.hbm_bw * HBM_FRACTION)
+    elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s)
+    rc = {"none": 0.0, "selective": a_fwd, "full": g_fwd + a_fwd + elem / 3}[L.recompute]
+    layer = 3 * g_fwd + a_fwd + a_bwd + elem + rc
+
+    # exposed TP / CP communication of one layer, one micro-batch
+    tp_calls = 4 + (2 if L.recompute == "full" else 0)
+    tp_payload = L.micro_batch * seq / cp * h * act
+    if sp:  # all-gather + reduce-scatter of the same payload instead of each all-reduce
+        tp_s = links.time("all_gather", tp_payload, ("tp",), tp_calls) + links.time(
+            "reduce_scatter", tp_payload, ("tp",), tp_calls)
+    else:
+        tp_s = links.time("all_reduce", tp_payload, ("tp",), tp_calls)
+    cp_s = 0.0
+    if cp > 1:
+        kv_bytes = 2 * t * kv_heads * d * act
+        if L.cp_impl == "ring":
+            ring_f = links.p2p(kv_bytes, "cp", cp - 1)
+            cp_s = max(0.0, ring_f - a_fwd) + max(0.0, 2 * ring_f - a_bwd)
+        else:
+            q_bytes = t * heads * d * act * cp  # all-to-all send buffer of one rank (q, out; k, v below)
+            cp_s = 2 * (links.time("all_to_all", 2 * q_bytes, ("cp",)) +
+                        links.time("all_to_all", kv_bytes * cp, ("cp",)))
+        if L.recompute == "full":
+            cp_s *= 1.5
+
+    # one micro-batch on the busiest (last) stage
+    stage_layers = math.ceil(shape.layers / pp)
+    head = 3 * gemm_time(t, h, V / tp, hw, dtype) + LOSS_PASSES * t * V / tp * 4 / (hw.hbm_bw * HBM_FRACTION)
+    compute_mb = stage_layers * layer + head
+    pp_s = 0.0
+    if pp > 1:
+        p2p_bytes = t * h * act / (tp if sp or tp > 1 else 1)  # scatter/gather over TP ranks (Narayanan §4.1)
+        pp_s = links.p2p(p2p_bytes, "pp", 2 * v)
+
+    # data parallel: per micro-batch (sharded engines) and per step
+    per_layer, first, last, _ = shape.local_params(tp)
+    stage_params = stage_layers * per_layer + max(first, last)
+    dp_axes = ("dp_replicate", "dp_shard", "cp")  # CP ranks hold the same weights: gradients reduce over them too
+    fsdp_mb = 0.0
+    step_dp = 0.0
+    bwd_window = hw.overlap * compute_mb * 2 / 3
+    pbytes, gbytes = act, 4  # gathers in the compute dtype; gradients reduced in fp32 (DeepSpeed / FSDP defaults)
+    if L.shards_params:
+        shard_axes = ("dp_shard", "cp") if L.engine == "fsdp2" else ("dp_replicate", "dp_shard", "cp")
+        if L.engine == "fsdp2" and L.dp_replicate > 1 and cp > 1:
+            shard_axes = ("dp_shard", "cp")
+        unit = per_layer
+        gather = links.time("all_gather", unit * pbytes, shard_axes, 2 * stage_layers)
+        reduce = links.time("reduce_scatter", unit * gbytes, shard_axes, stage_layers)
+        if L.engine == "fsdp2" and L.dp_replicate > 1:
+            n_shard = links.placement(shard_axes)[0]
+            reduce += links.time("all_reduce", unit * gbytes / n_shard, ("dp_replicate",), stage_layers)
+        comm = gather + reduce
+        first_last = (gather / 2 + reduce) / stage_layers  # the first unit's gather + the last unit's reduce
+        fsdp_mb = max(first_last, comm - hw.overlap * compute_mb)
+    else:
+        if L.dp * cp > 1:
+            grad_b = stage_params * gbytes
+            bucket = min(grad_b, DDP_BUCKET if L.engine == "ddp" else DS_BUCKET)
+            op = "all_reduce" if L.strategy == "ddp" else "reduce_scatter"
+            red = links.time(op, grad_b, dp_axes, 1)
+            exposed_red = max(red * bucket / grad_b, red - bwd_window)  # at least the last bucket
+            if L.strategy == "ddp":
+                step_dp = exposed_red
+            else:  # ZeRO-1/2 all-gather the updated parameters after the step; ZeRO-2 reduces every micro-batch
+                gath = links.time("all_gather", stage_params * pbytes, dp_axes, 1)
+                step_dp = (m if L.zero == 2 else 1) * exposed_red + gath
+
+    mb_time = compute_mb + stage_layers * (tp_s + cp_s) + pp_s + fsdp_mb
+    bubble = (pp - 1) / v * mb_time if pp > 1 else 0.0
+    shard = L.dp * cp if (L.zero >= 1 or L.engine == "fsdp2") else 1
+    opt = stage_params / shard * OPT_BYTES / (hw.hbm_bw * HBM_FRACTION)
+    opt += hw.optimizer_ops_per_tensor * _stage_tensors(shape, stage_layers) * hw.kernel_floor_s
+    step_dp += links.time("all_reduce", 4, dp_axes + ("pp",), 1) if hw.loss_sync else 0.0
+    step = m * mb_time + bubble + step_dp + opt
+
+    tokens = global_batch * seq
+    gpus = L.world
+    mflops = flops_per_step(shape, global_batch, seq)["total"]
+    hflops = flops_per_step(shape, global_batch, seq, recompute=L.recompute)["total"]
+    peak = hw.peak(dtype)
+    exposed = {"tp": m * stage_layers * tp_s, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
+               "dp": m * fsdp_mb + step_dp}
+    link_kinds = {name: links.kind(axes) for name, axes in
+                  (("tp", ("tp",)), ("cp", ("cp",)), ("dp", dp_axes), ("pp", ("pp",)))
+                  if links.placement(axes)[0] > 1}
+    return Prediction(step_time_s=step, compute_s=m * compute_mb, bubble_s=bubble, exposed_s=exposed,
+                      optimizer_s=opt, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
+                      mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds)
