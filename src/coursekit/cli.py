@@ -75,6 +75,11 @@ class Memory(Passthrough):
         "coursekit.memory.cli:main"
 
 
+class Plan(Passthrough):
+    name, help, target = "plan", "the fastest parallel layout that fits, with a predicted step time", \
+        "coursekit.plan.cli:main"
+
+
 class Course(Passthrough):
     name, help, target = "course", "instructors: build, validate, grade and report the labs", "coursekit.course.cli:main"
 
@@ -89,7 +94,7 @@ class K8s(Passthrough):
         "coursekit.k8s.cli:main"
 
 
-COMMANDS = [Demo(), Train(), Doctor(), Memory(), Course(), Lab(), K8s()]
+COMMANDS = [Demo(), Train(), Doctor(), Memory(), Plan(), Course(), Lab(), K8s()]
 
 
 def build_parser() -> argparse.ArgumentParser:
