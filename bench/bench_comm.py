@@ -1,6 +1,6 @@
 """Collective bus bandwidth on 2 and 4 processes (figures printed, not asserted), plot in bench/results/.
 
-    .venv/bin/python bench/bench_comm.py [--sizes 1K..64M] [--factor 4] [--iters 10] [--nproc 2,4]
+    .venv/bin/python bench/bench_comm.py [--sizes 1K..64M] [--factor 4] [--iters 10] [--nproc 2,4] [--out DIR]
 
 Runs ``coursekit.comm.bench`` through the launcher (nccl-tests definitions: size S per op, algbw = S / time of the
 slowest rank, busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for
@@ -43,7 +43,9 @@ def main():
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--nproc", default="2,4")
+    p.add_argument("--out", default=str(RESULTS), help="folder for comm_busbw.json and comm_busbw.png")
     a = p.parse_args()
+    out = Path(a.out)
     nprocs = [int(n) for n in a.nproc.split(",")]
     ops = [*DEFAULT_OPS, "ring_all_reduce"]
     rows = []
@@ -59,10 +61,10 @@ def main():
         first.setdefault((r["op"], r["world_size"]), r)
     for (op, n), r in first.items():
         print(f"  {op:>16} n={n}: {r['time_us']:9.1f} us at {r['size']} B")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "comm_busbw.json").write_text(json.dumps(rows, indent=1))
-    png = plot_busbw(rows, RESULTS / "comm_busbw.png", title=f"busbw, {rows[0]['backend']}, {os.cpu_count()} CPUs")
-    print(f"\nrows: {RESULTS / 'comm_busbw.json'}\nplot: {png}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comm_busbw.json").write_text(json.dumps(rows, indent=1))
+    png = plot_busbw(rows, out / "comm_busbw.png", title=f"busbw, {rows[0]['backend']}, {os.cpu_count()} CPUs")
+    print(f"\nrows: {out / 'comm_busbw.json'}\nplot: {png}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     sudo .venv/bin/python bench/bench_slurm.py                 # time install (if missing) + start, then the jobs
     sudo .venv/bin/python bench/bench_slurm.py --from-clean    # apt-get purge slurm+munge first: a clean machine
     sudo .venv/bin/python bench/bench_slurm.py --repeat 5 --json bench/results/slurm.json
+    sudo .venv/bin/python bench/bench_slurm.py --repeat 1 --only empty,"1 node"    # jobs whose label has a word
 
 Phases: ``install`` (apt, only when slurm/munge are missing), ``start`` (config, munged, slurmctld, two slurmd,
 both nodes idle), one line per job kind (submit -> COMPLETED, as tests/test_slurm.py submits them: CPU/gloo via
@@ -71,9 +72,14 @@ def main(argv=None) -> int:
     ap.add_argument("--from-clean", action="store_true", help="apt-get purge slurm and munge first (root)")
     ap.add_argument("--repeat", type=int, default=3, help="submissions per job kind (default 3)")
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--only", default=None, help="comma list of words: run the job kinds whose label has one")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         ap.error("run as root (installs packages, starts slurmd)")
+    words = args.only.split(",") if args.only else None
+    jobs = [j for j in JOBS if words is None or any(w in j[0] for w in words)]
+    if not jobs:
+        ap.error(f"--only {args.only!r} matches no job kind: {'; '.join(j[0] for j in JOBS)}")
 
     rows: list[tuple[str, list[float]]] = []
     if args.from_clean and installed():
@@ -92,7 +98,7 @@ def main(argv=None) -> int:
     rows.append(("start: config, munged, slurmctld, 2 slurmd, idle", [t_start]))
     rows.append(("clean machine -> ready Slurm", [t_install + t_start]))
     try:
-        for label, script, prog, opts in JOBS:
+        for label, script, prog, opts in jobs:
             times = []
             for i in range(args.repeat):
                 run_dir = root / "runs" / f"{len(rows)}-{i}"

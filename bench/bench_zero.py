@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_zero.py                  # 2 and 4 processes, about 1 minute on 2 idle cores
     .venv/bin/python bench/bench_zero.py --nproc 2 --nvme /tmp/nvme --json bench/results/zero.json
+    .venv/bin/python bench/bench_zero.py --nproc 2 --steps 3 --points zero0,zero2   # a quick look at two rows
 
 Per rank (rank 0's row): bytes DeepSpeed holds on its accelerator (on a CPU-only machine: the CPU standing in for
 the GPU), bytes moved to the host by offload, and NVMe swap-file bytes; params / grads / fp32 master / Adam states
@@ -69,11 +70,18 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--nvme", default=None, help="a local folder: add ZeRO-3 NVMe offload rows (needs libaio-dev)")
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--points", default=",".join(pt["name"] for pt in POINTS),
+                   help="comma list of the tiny-model rows to run (default: all)")
     a = p.parse_args(argv)
+    names = a.points.split(",")
+    unknown = sorted(set(names) - {pt["name"] for pt in POINTS})
+    if unknown:
+        p.error(f"unknown points {unknown}; choose from {', '.join(pt['name'] for pt in POINTS)}")
+    points = [pt for pt in POINTS if pt["name"] in names]
     rows = []
     for n in [int(x) for x in a.nproc.split(",")]:
         t0 = time.monotonic()
-        for pt, r in zip(POINTS, run_sweep(POINTS, nproc=n, steps=a.steps)):
+        for pt, r in zip(points, run_sweep(points, nproc=n, steps=a.steps)):
             r |= {"nproc": n, "model": "tiny-llama"}
             rows.append(r | predicted(r, pt, model="tiny-llama", global_batch=8, seq=64))
         print(f"[bench_zero] {n} processes: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)

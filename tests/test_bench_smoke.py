@@ -1,0 +1,138 @@
+"""Every bench/ script runs, as a user runs it, with tiny settings: the figures it prints are sane (present, positive,
+consistent with each other and with what is known independently), not fast. One run per script.
+
+bench/gpu_check.py has its own CPU test (test_gpu_check.py). Speeds are never asserted: a loaded machine is slow.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import can_run_slurm
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+
+
+def bench(script: str, *args: str, timeout: float = 300) -> str:
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_bench_memory():
+    d = json.loads(bench("bench_memory.py", "--n", "40", "--json"))
+    assert d["grid_configs"] == 40
+    for key in ("estimate_us", "estimate_cached_us", "grid_s", "grid_build_s", "max_micro_batch_ms", "min_gpus_ms"):
+        assert math.isfinite(d[key]) and d[key] > 0, (key, d[key])
+
+
+def test_bench_comm(tmp_path, no_orphans):
+    out = bench("bench_comm.py", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1", "--nproc", "2",
+                "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "comm_busbw.json").read_text())
+    ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "ring_all_reduce"]
+    assert sorted((r["op"], r["size"]) for r in rows) == sorted((op, s) for op in ops for s in (4096, 65536))
+    for r in rows:
+        assert r["world_size"] == 2 and r["time_us"] > 0 and r["busbw"] > 0
+        assert r["algbw"] == pytest.approx(r["size"] / r["time_us"] / 1e3)  # GB/s = B / µs / 1e3
+    assert (tmp_path / "comm_busbw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the printed table: one busbw per (size, op), the same numbers as the rows
+    lines = out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("n = 2"))
+    assert lines[head + 1].split() == ["size", *ops]
+    for ln, size in zip(lines[head + 2: head + 4], (4096, 65536)):
+        cells = ln.split()
+        assert cells[0] == {4096: "4K", 65536: "64K"}[size]
+        busbw = {r["op"]: r["busbw"] for r in rows if r["size"] == size}
+        assert [float(c) for c in cells[1:]] == pytest.approx([busbw[op] for op in ops], abs=6e-4)
+
+
+def test_bench_foundation(no_orphans):
+    seq, batch = 16, 8
+    out = bench("bench_foundation.py", "--steps", "3", "--repeats", "1", "--seq", str(seq), "--global-batch",
+                str(batch))
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith(("single ", "ddp "))}
+    assert sorted(rows) == ["ddp", "single"] and rows["single"][1] == "1" and rows["ddp"][1] == "2"
+    for name, cells in rows.items():
+        first, wall, steps_s, tokens_s = map(float, cells[2:6])
+        assert 0 < first < wall, (name, cells)  # the first step comes before the job ends
+        assert steps_s > 0
+        # tokens/s = steps/s x tokens per step (the printed steps/s has one decimal)
+        assert abs(tokens_s - steps_s * batch * seq) <= 0.05 * batch * seq + 0.5, (name, cells)
+
+
+ZERO_POINTS = "zero0,zero3"  # no offload: DeepSpeedCPUAdam's first build takes a minute (slow tier below)
+
+
+def _zero_rows(tmp_path, points):
+    out = tmp_path / "zero.json"
+    text = bench("bench_zero.py", "--nproc", "2", "--steps", "3", "--points", points, "--json", str(out),
+                 timeout=600)
+    rows = {r["name"]: r for r in json.loads(out.read_text())}
+    assert sorted(rows) == sorted(points.split(","))
+    for name, r in rows.items():
+        assert f"{name:<22} 2 " in text  # one printed line per row
+        assert r["step_ms"] > 0 and r["accelerator_bytes"] > 0 and r["calls"] > 0, r
+        # every host and NVMe byte equals coursekit memory's prediction (the README's claim for this table)
+        assert r["cpu_bytes"] == r["calc_cpu_bytes"] and r["nvme_bytes"] == r["calc_nvme_bytes"] == 0, r
+    return rows
+
+
+def test_bench_zero(tmp_path, no_orphans):
+    rows = _zero_rows(tmp_path, ZERO_POINTS)
+    assert rows["zero0"]["cpu_bytes"] == rows["zero3"]["cpu_bytes"] == 0
+    # ZeRO-3 shards the fp32 parameters over the 2 ranks: rank 0 holds at most half of them (plus padding)
+    assert rows["zero3"]["params_bytes"] < 0.6 * rows["zero0"]["params_bytes"]
+    assert rows["zero0"]["params_bytes"] == 4 * 125_248  # tiny-llama, fp32, whole on every rank
+
+
+@pytest.mark.slow  # builds DeepSpeedCPUAdam once (~60 s on 2 cores)
+def test_bench_zero_offload(tmp_path, no_orphans):
+    rows = _zero_rows(tmp_path, "zero2+opt>cpu")
+    assert rows["zero2+opt>cpu"]["cpu_bytes"] > 0
+
+
+def test_bench_grading_on_the_toy_course(tmp_path):
+    import test_course_toy as toy  # the course tests' toy lab: square (2 points) and hypot (3 points)
+
+    toy.make_course(tmp_path / "course")
+    d = json.loads(bench("bench_grading.py", "--root", str(tmp_path / "course"), "--lab", "toy", "--students", "4",
+                         "--jobs", "2", "--no-nbgrader", "--skip-single", "--json"))
+    (batch,) = d["batch"]
+    assert batch["submissions"] == 4 and batch["jobs"] == 2 and batch["wall_s"] > 0 and batch["per_minute"] > 0
+    rows = sorted(batch["rows"], key=lambda r: r["student"])
+    # solution, partial (the first half of the exercises: square), solution, release
+    assert [(r["student"], r["status"], r["score"]) for r in rows] == [
+        ("student00-solution", "graded", 5), ("student01-partial", "graded", 2),
+        ("student02-solution", "graded", 5), ("student03-release", "graded", 0)], rows
+    assert all(r["seconds"] > 0 and r["recheck_s"] > 0 and r["autograde_s"] is None for r in rows)
+
+
+@pytest.mark.slow  # Lab 1's re-check launches a 4-process benchmark and two torchrun jobs (~1 min)
+def test_bench_grading_lab1(no_orphans):
+    d = json.loads(bench("bench_grading.py", "--students", "1", "--jobs", "1", "--no-nbgrader", "--skip-single",
+                         "--json", timeout=900))
+    (row,) = d["batch"][0]["rows"]
+    assert row["status"] == "graded" and row["score"] > 0, row
+
+
+@pytest.mark.skipif(bool(can_run_slurm()), reason=f"bench_slurm.py starts a local Slurm: {can_run_slurm()}")
+def test_bench_slurm(tmp_path):
+    out = tmp_path / "slurm.json"
+    text = bench("bench_slurm.py", "--repeat", "1", "--only", "empty,1 node", "--json", str(out), timeout=400)
+    figures = json.loads(out.read_text())
+    jobs = [k for k in figures if k.startswith("job: ")]
+    assert jobs == ["job: empty job (--wrap true)", "job: torchrun, 1 node x 2"], figures
+    for label, times in figures.items():
+        assert len(times) == 1 and times[0] >= 0, (label, times)
+        assert label.startswith("install") or times[0] > 0, (label, times)
+    # a torchrun job does more than an empty one
+    assert figures["job: torchrun, 1 node x 2"][0] > figures["job: empty job (--wrap true)"][0]
+    assert "clean machine -> ready Slurm" in text
