@@ -144,7 +144,7 @@ def environment(args, device) -> dict:
     env = {"mode": "cuda" if device.type == "cuda" else "cpu-reduced", "device": str(device),
            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "coursekit_source": str(SRC), "host": platform.node(),
-           "driver": "in-process: coursekit.strategies.ddp.Single (the trainer's step), models.build_model, "
+           "driver": "in-process: coursekit.ddp.strategy.Single (the trainer's train_step), models.build_model, "
                      "memory.estimate, measure.phases, flops, profiling; no coursekit.train / launch / data"}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -271,12 +271,7 @@ def memory_case(device, model, b, s, attention, recompute, *, amp: bool = False)
                recompute=recompute)
     params = [p for p in m.parameters() if p.requires_grad]
     if amp:
-        from types import SimpleNamespace
-
-        from coursekit.strategies.ddp import Single
-
-        strat = Single(SimpleNamespace(dtype="bf16", lr=1e-4, weight_decay=0.0, compile=False),
-                       SimpleNamespace(device=str(device), world_size=1, rank=0))
+        strat = _single(str(device), lr=1e-4)
         strat.setup(m)
         opt = strat.optimizer
         autocast = torch.bfloat16
@@ -373,14 +368,22 @@ def check_memory(device, mode: str, quick: bool, deadline: float) -> list[dict]:
     return rows
 
 
+def _single(device: str, *, lr: float, compile: bool = False):
+    """The trainer's single-process strategy (bf16 autocast over fp32 weights), in this process."""
+    from coursekit.ddp.strategy import Single
+    from coursekit.options import build
+    from coursekit.parallel.api import Context
+
+    opts = build({"strategy": "single", "dtype": "bf16", "lr": lr, "compile": compile})
+    return Single(Context.local(opts, device))
+
+
 # --------------------------------------------------------------------------------------------------- MFU
 def mfu_worker(cfg: dict) -> dict:
     """One MFU variant (run in its own process): the trainer's step, timed, then profiled for a few steps."""
-    from types import SimpleNamespace
-
+    from coursekit.data import Batch
     from coursekit.models import build_model
     from coursekit.profiling import maybe_profile
-    from coursekit.strategies.ddp import Single
 
     device = torch.device(cfg["device"])
     shape = _shape(cfg["model"])
@@ -388,15 +391,19 @@ def mfu_worker(cfg: dict) -> dict:
     while b >= 1:
         try:
             t_build = time.perf_counter()
-            args = SimpleNamespace(dtype="bf16", lr=1e-4, weight_decay=0.0, compile=cfg["compile"])
-            strat = Single(args, SimpleNamespace(device=str(device), world_size=1, rank=0))
-            strat.setup(build_model(cfg["model"], attention="sdpa", seed=0, device=device))  # fp32, on the device
+            strat = _single(str(device), lr=1e-4, compile=cfg["compile"])
+            from coursekit.parallel.compose import parallelize
+
+            m = build_model(cfg["model"], attention="sdpa", seed=0, device=device)  # fp32, on the device
+            strat.setup(parallelize(m, strat, strat.ctx))  # --compile: each block, as the trainer does
             build_s = time.perf_counter() - t_build
             ids = torch.randint(0, shape.vocab, (b, cfg["seq"]), device=device)
 
+            pos = torch.arange(cfg["seq"], device=device).expand(b, -1)
+            batch = Batch(ids, ids, pos)  # labels = inputs: the FLOPs and bytes of a step do not depend on them
+
             def step():
-                strat.forward_backward(ids, ids, 0, 1)
-                strat.step()
+                strat.train_step([batch])  # the trainer's step
 
             times = []
             if device.type == "cuda":
@@ -499,7 +506,7 @@ def check_mfu(args, device, mode: str, env: dict, matmul: dict, deadline: float)
     cfg = MFU[mode]
     shape = _shape(cfg["model"])
     out = {"model": shape.name, "seq": cfg["seq"], "attention": "sdpa",
-           "step": "coursekit.strategies.ddp.Single: autocast bf16, fp32 weights, AdamW fused on CUDA", "variants": []}
+           "step": "coursekit.ddp.strategy.Single.train_step: autocast bf16, fp32 weights, AdamW fused on CUDA", "variants": []}
     if mode == "cuda":
         gpu = env.get("table_gpu")
         if gpu:

@@ -251,21 +251,18 @@ def test_collectives_equal_volume_model(runs, name, no_orphans):
 @pytest.mark.parametrize("args,needle", [
     (["--strategy", "deepspeed"], "pass --ds-config"),
     (["--strategy", "zero2", "--ds-config", str(CONFIG_DIR / "zero3.json")], "use --strategy zero3"),
-    (["--strategy", "zero1", "--bucket-mb", "1"], "--bucket-mb is DDP's"),
-    (["--strategy", "zero1", "--ckpt-dir", "x"], "--ckpt-dir is not supported"),
-    (["--strategy", "zero3", "--compile"], "--compile is not supported"),
+    (["--strategy", "zero1", "--bucket-mb", "1"], "--bucket-mb belongs to ddp, which this run does not use"),
+    (["--strategy", "zero1", "--ckpt-dir", "x"], "--strategy zero1 does not support checkpoint"),
+    (["--strategy", "zero3", "--compile"], "--strategy zero3 does not support compile"),
+    (["--strategy", "zero2", "--tp", "2"], "--strategy zero2 does not support tp"),
     (["--strategy", "zero1", "--ds-config", "nope.json"], "no such DeepSpeed config"),
 ])
 def test_bad_zero_input_gives_a_clear_error(args, needle):
-    from coursekit import strategies
-    from coursekit.dist import DistInfo
-    from coursekit.train import build_parser
+    """Refused by the checks `coursekit train` runs before launching anything (no process group, no DeepSpeed)."""
+    from coursekit.train.launcher import plan
 
-    a = build_parser().parse_args(args)
-    info = DistInfo(rank=0, world_size=2, local_rank=0, local_world_size=2, backend="gloo", device="cpu",
-                    source="torchrun")
     with pytest.raises((ValueError, FileNotFoundError), match=re.escape(needle)):
-        strategies.get(a.strategy)(a, info)
+        plan(["--nproc", "2", *args])
 
 
 # -- 6. sweeps (the lab's bucket sweep, bench/bench_zero.py) -----------------------------------------------------------

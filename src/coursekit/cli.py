@@ -36,33 +36,9 @@ class Demo(Passthrough):
         "coursekit.demo:main"
 
 
-class Train(Command):
-    name, help = "train", "run the reference trainer through the launcher (all trainer options accepted)"
-
-    def add_arguments(self, p):
-        p.add_argument("--nproc", type=int, default=None, help="processes (default: GPUs present, else 2; "
-                       "1 for --strategy single)")
-        p.add_argument("--timeout", type=float, default=600, help="seconds before the job is stopped")
-
-    def run(self, args, rest):
-        from coursekit.demo import run_training, summary_table
-        from coursekit.train import build_parser, resolve_batch, validate
-
-        targs = build_parser().parse_args(rest)
-        validate(targs)
-        nproc = args.nproc if args.nproc is not None else (1 if targs.strategy == "single" else None)
-        from coursekit.launch import default_nproc
-
-        nproc = default_nproc() if nproc is None else nproc
-        if targs.strategy == "single" and nproc != 1:
-            raise ValueError(f"strategy 'single' runs on 1 process, not --nproc {nproc}")
-        from coursekit import strategies
-
-        if getattr(strategies.get(targs.strategy), "data_parallel", True):  # fail before launching anything
-            resolve_batch(argparse.Namespace(**vars(targs)), nproc)
-        res = run_training(rest, nproc=nproc, timeout=args.timeout)
-        print(summary_table([res]))
-        return 0
+class Train(Passthrough):
+    name, help, target = "train", "run the reference trainer through the launcher (coursekit train --help)", \
+        "coursekit.train.launcher:main"
 
 
 class Doctor(Passthrough):
@@ -94,7 +70,17 @@ class K8s(Passthrough):
         "coursekit.k8s.cli:main"
 
 
-COMMANDS = [Demo(), Train(), Doctor(), Memory(), Plan(), Course(), Lab(), K8s()]
+class Trace(Passthrough):
+    name, help, target = "trace", "compute vs communication per rank and step from profiler traces (overlap %)", \
+        "coursekit.profiling.trace:main"
+
+
+class Launch(Passthrough):
+    name, help, target = "launch", "run any script on N processes under torchrun; --diagnose explains a hang", \
+        "coursekit.profiling.hangs:main"
+
+
+COMMANDS = [Demo(), Train(), Doctor(), Memory(), Plan(), Course(), Lab(), K8s(), Trace(), Launch()]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,14 +1,16 @@
 """Deterministic training data through ``datasets``: synthetic sequences or a small shipped text corpus, byte tokens.
 
-Every sample is ``seq_len`` tokens; labels are the inputs themselves (Hugging Face causal LMs shift them inside
-the loss, so a sample gives ``seq_len - 1`` predictions). Step ``s`` of a run uses
+Every sample is ``seq_len`` tokens; the trainer asks for ``seq + 1`` so that a micro-batch carries ``seq`` inputs and
+their ``seq`` pre-shifted next-token labels, plus position ids (``Batch``). Step ``s`` of a run uses
 samples ``[s*G, (s+1)*G)`` of the global stream (G = global batch); rank ``r`` of ``W`` takes the contiguous slice
-``[r*G/W, (r+1)*G/W)`` and cuts it into micro-batches. So a run on 1, 2 or 4 ranks sees the same global batch at
+``[r*G/W, (r+1)*G/W)`` and cuts it into micro-batches (r and W: its coordinate in the data-parallel *batch* group,
+so tensor- and pipeline-parallel peers see the same rows). So a run on 1, 2 or 4 ranks sees the same global batch at
 every step, which is what the distributed-vs-single tests compare, and a resumed run sees what it would have seen.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -45,6 +47,18 @@ def make_dataset(kind: str = "synthetic", *, seq_len: int = 64, num_samples: int
     return Dataset.from_dict({"input_ids": ids.tolist()}).with_format("torch")
 
 
+class Batch(NamedTuple):
+    """One micro-batch: ``[b, s]`` input ids, the next-token labels of each position (pre-shifted: the loss needs no
+    shift, so a context-parallel shard keeps a label for its last token) and the positions (a CP shard starts
+    mid-sequence; rotary embeddings need the true positions)."""
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+
+    def to(self, device) -> "Batch":
+        return Batch(*(t.to(device) for t in self))
+
+
 def rank_slice(global_batch: int, rank: int, world: int) -> slice:
     """Which part of a global batch this data-parallel rank owns."""
     if global_batch % world:
@@ -54,15 +68,28 @@ def rank_slice(global_batch: int, rank: int, world: int) -> slice:
 
 
 def micro_batches(ds, step: int, *, micro_batch: int, grad_accum: int, rank: int = 0, world: int = 1,
-                  device: str | torch.device = "cpu"):
-    """The ``grad_accum`` micro-batches (input_ids, labels) this rank trains on at ``step``."""
+                  cp_rank: int = 0, cp: int = 1, cp_layout: str = "zigzag",
+                  device: str | torch.device = "cpu") -> list[Batch]:
+    """The ``grad_accum`` micro-batches this rank trains on at ``step``.
+
+    ``rank``/``world`` are the rank's coordinate in the *batch* group (data-parallel ranks), not its global rank:
+    tensor- and pipeline-parallel peers take the same rows. Rows have ``seq + 1`` tokens: inputs ``[:-1]``, labels
+    ``[1:]``. A context-parallel rank then keeps its part of every row (``coursekit.cp.shard``: zig-zag chunks for
+    ring attention, one contiguous chunk for Ulysses), labels and positions cut the same way.
+    """
     global_batch = micro_batch * grad_accum * world
     sl = rank_slice(global_batch, rank, world)
     base = step * global_batch
     idx = [(base + i) % len(ds) for i in range(sl.start, sl.stop)]
-    rows = ds[idx]["input_ids"]  # [micro_batch * grad_accum, seq]
+    rows = ds[idx]["input_ids"]  # [micro_batch * grad_accum, seq + 1]
+    ids, labels = rows[:, :-1], rows[:, 1:]
+    pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+    if cp > 1:
+        from coursekit.cp.shard import shard
+
+        ids, labels, pos = (shard(t, cp, cp_rank, layout=cp_layout) for t in (ids, labels, pos))
     out = []
     for k in range(grad_accum):
-        chunk = rows[k * micro_batch:(k + 1) * micro_batch].to(device)
-        out.append((chunk, chunk))
+        part = slice(k * micro_batch, (k + 1) * micro_batch)
+        out.append(Batch(ids[part].contiguous(), labels[part].contiguous(), pos[part].contiguous()).to(device))
     return out

@@ -7,35 +7,7 @@ later modules add them (e.g. ``--strategies single,ddp,zero2``).
 from __future__ import annotations
 
 import argparse
-import time
-
-from coursekit.launch import launch
-
-
-def run_training(train_args: list[str], *, nproc: int, timeout: float = 600, stream: bool = False) -> dict:
-    """Launch the reference trainer; returns rank 0's record plus every rank's final record and wall time."""
-    t0 = time.monotonic()
-    res = launch("coursekit.train", ["--quiet", *train_args], nproc=nproc, timeout=timeout, stream=stream)
-    out = dict(res.results[0])
-    out["ranks"] = [r["final"] for r in res.results]
-    out["wall_s"] = time.monotonic() - t0
-    return out
-
-
-def summary_table(runs: list[dict]) -> str:
-    head = f"{'strategy':<10} {'world':>5}  {'loss per step':<44} {'tokens/s':>9} {'step ms':>8} {'wall s':>7}"
-    rows = [head, "-" * len(head)]
-    for r in runs:
-        f, steps = r["final"], r["steps"]
-        losses = " ".join(f"{s['loss']:.4f}" for s in steps)
-        if len(losses) > 44:
-            losses = losses[:41] + "..."
-        timed = steps[1:] or steps  # the first step includes warm-up
-        tps = sum(s["tokens_per_s"] for s in timed) / len(timed)
-        ms = 1000 * sum(s["step_time_s"] for s in timed) / len(timed)
-        rows.append(f"{f['strategy']:<10} {f['world_size']:>5}  {losses:<44} {tps:>9.0f} {ms:>8.1f} "
-                    f"{r['wall_s']:>7.1f}")
-    return "\n".join(rows)
+from coursekit.train.launcher import run_training, summary_table
 
 
 def main(argv=None) -> int:
@@ -51,8 +23,13 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600)
     a = p.parse_args(argv)
     nproc = a.nproc or default_nproc()
+    from coursekit.parallel import registry
+
+    names = [n.strip() for n in a.strategies.split(",") if n.strip()]
+    for name in names:  # every name checked before anything runs
+        registry.entry(name)
     runs = []
-    for name in a.strategies.split(","):
+    for name in names:
         n = 1 if name == "single" else nproc
         print(f"running {name} on {n} process(es) ...", flush=True)
         runs.append(run_training(["--strategy", name, "--model", a.model, "--steps", str(a.steps), "--seq",

@@ -66,3 +66,12 @@ def count_parameters(model: str | dict | torch.nn.Module) -> int:
     if not isinstance(model, torch.nn.Module):
         model = build_model(model, device="meta")
     return sum(p.numel() for p in model.parameters())
+
+
+def blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The transformer blocks of a causal LM (Llama-style ``model.layers``, GPT-2's ``transformer.h``)."""
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
+    for name in ("layers", "h"):
+        if isinstance(getattr(base, name, None), torch.nn.ModuleList):
+            return getattr(base, name)
+    raise ValueError(f"cannot find the transformer blocks of {type(model).__name__}")

@@ -9,21 +9,28 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def tensor_bytes(tensors, seen: set | None = None) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (a view pins its whole storage; shared storage once)."""
+def distinct_storages(items, seen: set | None = None, *, meta: bool = True):
+    """The one storage walk: yield ``(label, tensor, nbytes)`` once per distinct storage behind ``items`` (pairs of
+    a label and a tensor; non-tensors skipped). A view pins, and is charged, its whole storage; a DTensor counts its
+    local shard; a meta tensor (no storage) counts its own size, or is skipped with ``meta=False``."""
     seen = set() if seen is None else seen
-    total = 0
-    for t in tensors:
+    for label, t in items:
         if t is None or not isinstance(t, torch.Tensor):
             continue
         t = _local(t)
-        st = t.untyped_storage()
-        key = st._cdata if t.device.type != "meta" else id(t)
+        on_meta = t.device.type == "meta"
+        if on_meta and not meta:
+            continue
+        key = id(t) if on_meta else t.untyped_storage()._cdata
         if key in seen:
             continue
         seen.add(key)
-        total += st.nbytes() if t.device.type != "meta" else t.numel() * t.element_size()
-    return total
+        yield label, t, (t.numel() * t.element_size() if on_meta else t.untyped_storage().nbytes())
+
+
+def tensor_bytes(tensors, seen: set | None = None) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a view pins its whole storage; shared storage once)."""
+    return sum(n for _, _, n in distinct_storages(((None, t) for t in tensors), seen))
 
 
 def optimizer_state_bytes(optimizer) -> int:

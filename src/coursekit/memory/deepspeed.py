@@ -110,7 +110,7 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
                     reduce_bucket_size: int = 500_000, offload_optimizer: str = "none",
                     offload_param: str = "none", micro_batches: int = 1, states: int = 2) -> dict:
     """{category: bytes} on ``rank`` for a DeepSpeed engine whose optimizer keeps ``states`` fp32 tensors per
-    element, as measured by ``coursekit.strategies.zero`` (params/grads/buffers at the end of backward, the rest
+    element, as measured by ``coursekit.zero.strategy`` (params/grads/buffers at the end of backward, the rest
     inside the step), plus ``tiers``: the same bytes split into "accelerator" and "cpu" (what offload moves).
 
     ``reduce_bucket_size`` defaults to the course configs' 5e5 elements (DeepSpeed's own default is 5e8).

@@ -7,3 +7,10 @@
 
 Only ``config`` is pure Python; the others import torch (and DeepSpeed when an engine is passed in).
 """
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True)
+class ZeROOptions:
+    ds_config: str | None = None
+    """DeepSpeed JSON (default: configs/deepspeed/zero<N>.json); the trainer writes its batch and dtype in."""

@@ -99,24 +99,38 @@ def main(argv=None) -> int:
     if a.global_batch % world:
         print(f"error: --global-batch {a.global_batch} is not divisible by {world} processes", file=sys.stderr)
         return 2
-    micro = a.global_batch // world
-    model = build_model(a.model, seed=a.seed)  # same init on every rank, as the trainer
-    set_seed(a.seed + rank)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
-                            foreach=False)
+    from coursekit.dist import DistInfo
+    from coursekit.options import build
+    from coursekit.parallel import ParallelDims
+    from coursekit.parallel.api import Context, Strategy
+
+    class Accelerated(Strategy):
+        """The trainer's step (``train_step``) with Accelerate's two calls: prepare() wraps, backward() reduces."""
+
+        def setup(self, model):
+            self.model, self.optimizer = acc.prepare(model, self.make_optimizer(model.parameters()))
+
+        def backward(self, loss, micro, n_micro):
+            acc.backward(loss / n_micro)
+
+    opts = build({"strategy": "ddp", "model": a.model, "steps": a.steps, "seq": a.seq, "lr": a.lr, "seed": a.seed,
+                  "global_batch": a.global_batch})
+    opts.train.micro_batch = micro = a.global_batch // world
+    info = DistInfo(rank=rank, world_size=world, local_rank=acc.local_process_index,
+                    local_world_size=world, backend=dist.get_backend() if dist.is_initialized() else "none", device=str(acc.device),
+                    source="accelerate")
+    strat = Accelerated(Context(info=info, dims=ParallelDims(world_size=world), mesh=None, opts=opts))
     if acc.distributed_type.value == "DEEPSPEED":
         acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
-    model, opt = acc.prepare(model, opt)
-    ds = make_dataset("synthetic", seq_len=a.seq, num_samples=max(256, 4 * a.global_batch), seed=a.seed)
+    set_seed(a.seed)
+    strat.setup(build_model(a.model, seed=a.seed))  # same init on every rank, as the trainer
+    set_seed(a.seed + rank)
+    model = strat.model
+    ds = make_dataset("synthetic", seq_len=a.seq + 1, num_samples=max(256, 4 * a.global_batch), seed=a.seed)
     losses = []
     for step in range(a.steps):
-        (ids, labels), = micro_batches(ds, step, micro_batch=micro, grad_accum=1, rank=rank, world=world,
-                                       device=acc.device)
-        loss = model(input_ids=ids, labels=labels).loss
-        acc.backward(loss)
-        opt.step()
-        opt.zero_grad()
-        mean = loss.detach().float().clone()
+        mbs = micro_batches(ds, step, micro_batch=micro, grad_accum=1, rank=rank, world=world, device=acc.device)
+        mean = strat.train_step(mbs).clone()
         if dist.is_initialized():
             dist.all_reduce(mean)
         losses.append(mean.item() / world)

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from coursekit.measure.states import distinct_storages
+
 CATEGORIES = ("params", "grads", "fp32_grads", "master", "optimizer", "buffers", "scalars", "other")
 
 # (regex on the walk path, category). First match wins; one-element tensors are always 'scalars'.
@@ -138,16 +140,7 @@ def held_tensors(engine) -> list[tuple[str, str, torch.Tensor]]:
             _walk(st, f"state.{i}", found)
         for g in inner.param_groups:
             _walk(g["params"], "opt.fp32_groups", found)  # stage 0 fp32: these are the model's own params (seen)
-    seen, out = set(), []
-    for path, t in found:
-        if t.device.type == "meta":
-            continue
-        key = t.untyped_storage()._cdata
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append((_classify(path, t), path, t))
-    return out
+    return [(_classify(path, t), path, t) for path, t, _ in distinct_storages(found, meta=False)]
 
 
 def held_bytes(engine, *, nvme_dir: str | None = None, rank: int | None = None) -> dict:

@@ -4,7 +4,7 @@ step time (Lab 2, section 4), and the stage x offload benchmark table (bench/ben
     rows = run_sweep([{"name": "rb=20k", "stage": 2, "reduce_bucket_size": 20_000}, ...], nproc=2)
 
 Each point builds a fresh model and DeepSpeed engine inside the same process group (the imports, 5-8 s per launch,
-are paid once), trains ``steps`` steps with the reference trainer's pieces (``coursekit.strategies.zero``, the same
+are paid once), trains ``steps`` steps with the reference trainer's pieces (``coursekit.zero.strategy``, the same
 data and AdamW), times steps 1..steps-2 and counts the collectives of the last step (the counter slows that step,
 so it is never timed). A point is ``build_config`` keywords plus ``name``, ``stage``, ``dtype``, ``model``, and
 optionally ``config`` (a whole DeepSpeed dict, then the keywords are ignored).
@@ -54,28 +54,29 @@ def _one(point: dict, a, info) -> dict:
 
     from coursekit.data import make_dataset, micro_batches
     from coursekit.models import build_model
-    from coursekit.strategies.zero import ZeRO
+    from coursekit.options import build
+    from coursekit.parallel.api import Context
     from coursekit.zero.config import build_config, stage_of
+    from coursekit.zero.strategy import ZeRO
 
     cfg = point.get("config") or build_config(point["stage"], dtype=point.get("dtype", "fp32"),
                                               **{k: v for k, v in point.items() if k not in POINT_KEYS})
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg, f)
-    args = argparse.Namespace(strategy="deepspeed", ds_config=f.name, ckpt_dir=None, bucket_mb=None,
-                              dtype="bf16" if cfg.get("bf16", {}).get("enabled") else "fp32", lr=1e-3,
-                              weight_decay=0.0, steps=a.steps, grad_accum=1,
-                              micro_batch=a.global_batch // info.world_size)
-    strat = ZeRO(args, info)
-    strat.setup(build_model(point.get("model", a.model), seed=0))
-    ds = make_dataset("synthetic", seq_len=a.seq, num_samples=max(256, 4 * a.global_batch), seed=0)
+    opts = build({"strategy": "deepspeed", "ds_config": f.name, "steps": a.steps, "seq": a.seq,
+                  "global_batch": a.global_batch, "model": point.get("model", a.model),
+                  "dtype": "bf16" if cfg.get("bf16", {}).get("enabled") else "fp32"})
+    ctx = Context.for_run(info, opts)
+    strat = ZeRO(ctx)
+    strat.setup(build_model(opts.train.model, seed=0))
+    ds = make_dataset("synthetic", seq_len=a.seq + 1, num_samples=max(256, 4 * a.global_batch), seed=0)
     times, losses = [], []
-    for step in range(a.steps):
+    for step in range(a.steps):  # the trainer's step (train_step); the last one is measured and counted
         dist.barrier()
         t0 = time.perf_counter()
-        (ids, labels), = micro_batches(ds, step, micro_batch=args.micro_batch, grad_accum=1, rank=info.rank,
-                                       world=info.world_size)
-        loss = strat.forward_backward(ids, labels, 0, 1)
-        strat.step(measure=step == a.steps - 1)
+        mbs = micro_batches(ds, step, micro_batch=opts.train.micro_batch, grad_accum=1, rank=info.rank,
+                            world=info.world_size)
+        loss = strat.train_step(mbs, measure=step == a.steps - 1)
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
     held = strat.last_state_bytes

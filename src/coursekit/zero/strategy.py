@@ -30,47 +30,57 @@ import warnings
 
 import torch
 
-from coursekit.strategies.base import Strategy
+from coursekit.parallel.api import Strategy, adamw
+from coursekit.zero import ZeROOptions
 
 
 class ZeRO(Strategy):
     name = "deepspeed"
     stage: int | None = None  # None: the stage written in --ds-config
+    supports = {"checkpoint": False, "compile": False, "tp": False, "pp": False, "cp": False}
+    why_not = {"checkpoint": "DeepSpeed writes its own checkpoints (engine.save_checkpoint), which the course does "
+                             "not use",
+               "compile": "DeepSpeed wraps the module; use its engine.compile() in your own script",
+               "tp": "DeepSpeed's ZeRO runs over the whole world here; combine ZeRO-style sharding with TP through "
+                     "FSDP2", "pp": "use DeepSpeed's own PipelineModule", "cp": "use DeepSpeed-Ulysses directly"}
 
-    def __init__(self, args, info):
-        super().__init__(args, info)
+    @classmethod
+    def check(cls, opts, dims) -> None:
+        super().check(opts, dims)
+        cls._config(opts.of(ZeROOptions).ds_config)
+
+    @classmethod
+    def _config(cls, ds_config: str | None) -> tuple[str | None, dict]:
+        """(path or None, raw config) for this stage; refuses a missing file or a config of another stage."""
         from coursekit.zero import config as zc
 
-        if getattr(args, "ckpt_dir", None):
-            raise ValueError(f"--ckpt-dir is not supported with --strategy {args.strategy}: DeepSpeed writes its own "
-                             "checkpoints (engine.save_checkpoint), which the course does not use")
-        if getattr(args, "compile", False):
-            raise ValueError("--compile is not supported with the DeepSpeed strategies (DeepSpeed wraps the module; "
-                             "use its engine.compile() in your own script)")
-        if getattr(args, "bucket_mb", None):
-            raise ValueError("--bucket-mb is DDP's; set reduce_bucket_size / allgather_bucket_size (elements) in the "
-                             "DeepSpeed JSON")
-        if self.stage is None and not args.ds_config:
+        if cls.stage is None and not ds_config:
             raise ValueError("--strategy deepspeed takes its stage from a config: pass --ds-config FILE.json")
-        path = args.ds_config or zc.default_path(self.stage)
-        self.config_path = str(path) if args.ds_config or os.path.exists(path) else None
-        self.raw_config = zc.load_config(path) if self.config_path else zc.build_config(self.stage)
-        got = self.raw_config.get("zero_optimization", {}).get("stage")
-        if self.stage is not None and got is not None and int(got) != self.stage:
-            raise ValueError(f"strategy zero{self.stage} was given a config with zero_optimization.stage {got}; "
+        path = ds_config or zc.default_path(cls.stage)
+        path = str(path) if ds_config or os.path.exists(path) else None
+        raw = zc.load_config(path) if path else zc.build_config(cls.stage)
+        got = raw.get("zero_optimization", {}).get("stage")
+        if cls.stage is not None and got is not None and int(got) != cls.stage:
+            raise ValueError(f"strategy zero{cls.stage} was given a config with zero_optimization.stage {got}; "
                              f"use --strategy zero{got} or --strategy deepspeed")
+        return path, raw
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.config_path, self.raw_config = self._config(self.opts.of(ZeROOptions).ds_config)
         self.autocast_dtype = None  # DeepSpeed's bf16 block casts the model itself
-        self._step = 0
         self._counter = None
+        self._hooks: list = []
         self._snapshots: dict = {}
         self.collectives: dict | None = None
+        self._step = 0
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module) -> None:
         from coursekit.zero import config as zc
 
         deepspeed = _import_deepspeed(self.info.device)
-        a = self.args
+        a = self.opts.train
         self.ds_config, notes = zc.finalize(self.raw_config, micro_batch=a.micro_batch, grad_accum=a.grad_accum,
                                             world=self.info.world_size, dtype=a.dtype, stage=self.stage)
         if self.info.is_main:
@@ -80,8 +90,8 @@ class ZeRO(Strategy):
         optimizer = None
         if "optimizer" not in self.ds_config:  # the trainer's AdamW, exactly as DDP uses it
             offloaded = zc.offload_devices(self.ds_config)["optimizer"] != "none"
-            optimizer = (torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
-                                           weight_decay=a.weight_decay, foreach=False)
+            # offloaded: DeepSpeed steps it on the CPU, so the CPU flavour of the one factory
+            optimizer = (adamw(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, fused=False)
                          if offloaded else self.make_optimizer(model.parameters()))
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config,
@@ -90,22 +100,23 @@ class ZeRO(Strategy):
         self.stage_run = zc.stage_of(self.ds_config)
 
     # -- one step ---------------------------------------------------------------------------------------------
-    def _measured(self) -> bool:
-        return self._step == self.args.steps - 1
-
-    def forward_backward(self, input_ids, labels, micro: int, n_micro: int) -> torch.Tensor:
-        if micro == 0 and self._measured():
+    # The engine replaces the plain loop's pieces one for one: engine(batch) is the forward, engine.backward(loss)
+    # scales by 1/grad-accum and reduces gradients in buckets, engine.step() steps the (partitioned) optimizer.
+    def train_step(self, micro_batches: list, measure: bool = False):
+        if measure:  # the measured step: count its collectives, watch the moment the last gradient arrives
             from coursekit.comm.counter import CollectiveCounter
 
             self._counter = CollectiveCounter().__enter__()
-        hooks = self._watch_last_gradient() if micro == n_micro - 1 and self._measured() else []
-        loss = self.engine(input_ids=input_ids, labels=labels).loss
+        self._measuring = measure
+        return super().train_step(micro_batches, measure=measure)
+
+    def backward(self, loss, micro: int, n_micro: int) -> None:
+        hooks = self._watch_last_gradient() if micro == n_micro - 1 and self._measuring else []
         self.engine.backward(loss)  # scales by 1/gradient_accumulation_steps itself
         for h in hooks:
             h.remove()
         if micro < n_micro - 1:
             self.engine.step()  # not a boundary: DeepSpeed only advances its micro-step count
-        return loss.detach()
 
     def _watch_last_gradient(self) -> list:
         """Snapshot what is held when the last gradient of the step arrives, before DeepSpeed's end-of-backward

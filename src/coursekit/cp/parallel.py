@@ -1,0 +1,50 @@
+"""Context parallelism in the trainer: every attention layer runs ``coursekit.cp`` over the ``cp`` sub-mesh.
+
+The data path already gives each CP rank its part of every sequence (``coursekit.data.micro_batches`` with the
+layout the implementation expects: zig-zag for ring, contiguous for Ulysses) together with its labels and global
+position ids, so RoPE rotates each token at its true position. Parameters are replicated over CP ranks; their
+gradients are averaged with the data-parallel ones (the strategy reduces over ``loss`` = dp × cp, or FSDP shards
+over ``fsdp`` = dp_shard × cp).
+"""
+from __future__ import annotations
+
+from coursekit.cp.options import CPOptions
+
+
+class ContextParallel:
+    name = "cp"
+
+    @classmethod
+    def check(cls, opts, dims) -> None:
+        from coursekit.memory.calculator import resolve_model
+        from coursekit.parallel import LayoutError, check_model
+
+        shape = resolve_model(opts.train.model)
+        impl = opts.of(CPOptions).cp_impl
+        if shape.arch != "llama":
+            raise ValueError(f"--cp swaps Llama-style attention; {opts.train.model} is {shape.arch}")
+        try:
+            check_model(dims, num_layers=shape.layers, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
+                        seq=opts.train.seq, cp_impl=impl)
+        except LayoutError as e:
+            raise ValueError(str(e)) from None
+        if shape.attn_dropout:
+            raise ValueError("--cp attention has no dropout; the model's attention_dropout must be 0")
+        if opts.train.attention != "sdpa":
+            raise ValueError("--cp replaces the attention kernel; --attention eager does not apply")
+
+    @staticmethod
+    def data_layout(opts) -> str:
+        from coursekit.cp.shard import layout_for
+
+        return layout_for(opts.of(CPOptions).cp_impl)
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def apply(self, model, strategy):
+        from coursekit.cp.hf import use_cp_attention
+
+        lm = model.lm if hasattr(model, "lm") else model
+        use_cp_attention(lm, self.ctx.opts.of(CPOptions).cp_impl, group=self.ctx.mesh["cp"].get_group())
+        return model

@@ -1,0 +1,13 @@
+"""Data parallelism with PyTorch DDP (Module 1): ``single`` and ``ddp`` strategies (``strategy.py``).
+
+This file holds only the option group (pure Python, so the CLI parses without importing torch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True)
+class DDPOptions:
+    bucket_mb: float | None = None
+    """DDP gradient bucket size in MiB (default 25): smaller buckets start their all-reduce earlier in backward."""

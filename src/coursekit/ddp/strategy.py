@@ -1,0 +1,66 @@
+"""``single`` (one process) and ``ddp`` (PyTorch DistributedDataParallel) — Module 1's data parallelism.
+
+DDP replicates the model on every rank of its sub-mesh (``loss``: the data-parallel ranks, and the context-parallel
+ones, which hold the same weights and see different tokens) and averages gradients with bucketed all-reduces that
+start during backward. Gradient accumulation skips the all-reduce on all but the last micro-batch (``no_sync``).
+
+A tensor-parallel model holds DTensor parameters, which DDP's flat buckets cannot take ("mixed torch.Tensor and
+DTensor"), and a pipeline stage runs several backwards per step in an order DDP's bucket rebuild does not expect
+(its reducer asserts); there the same replication is done by torch's composable ``replicate`` (built on FSDP2's
+machinery, no sharding), which understands the 2-D mesh and which the pipeline schedule drives itself.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel
+
+from coursekit.ddp import DDPOptions
+from coursekit.parallel.api import Strategy
+
+
+class Single(Strategy):
+    name = "single"
+
+    def __init__(self, ctx):
+        if ctx.info.world_size != 1:
+            raise ValueError(f"strategy 'single' runs on 1 process, but the world size is {ctx.info.world_size}; "
+                             "use --strategy ddp (or another parallel strategy) for more")
+        super().__init__(ctx)
+
+
+class DDP(Strategy):
+    name = "ddp"
+
+    def wrap(self, model):
+        from torch.distributed.tensor import DTensor
+
+        mesh = self.ctx.mesh["loss"]
+        if self.pipeline is not None or any(isinstance(p, DTensor) for p in model.parameters()):
+            from torch.distributed._composable.replicate_with_fsdp import replicate
+
+            self.composable = True
+            return replicate(model, mesh=mesh)
+        self.composable = False
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        bucket_mb = self.opts.of(DDPOptions).bucket_mb or 25
+        # gradient_as_bucket_view: .grad tensors are views into DDP's flat buckets, so gradients cost Ψ bytes once
+        # (not once in .grad and again in the buckets) and the measured bytes equal the 16Ψ model exactly.
+        return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True,
+                                       process_group=mesh.get_group())
+
+    def sync_context(self, micro: int, n_micro: int):
+        if micro == n_micro - 1:
+            return contextlib.nullcontext()
+        if self.composable:  # FSDP2-style: skip the gradient all-reduce until the last micro-batch
+            self.model.set_requires_gradient_sync(False)
+            return _restore_sync(self.model)
+        return self.model.no_sync()
+
+
+@contextlib.contextmanager
+def _restore_sync(model):
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

@@ -1,0 +1,113 @@
+"""FSDP2 strategies: ``fsdp2`` (shard over the ``fsdp`` group) and ``hsdp`` (replicate × shard on a 2-D mesh).
+
+    coursekit train --strategy fsdp2 --nproc 4 --reshard-after-forward false
+    coursekit train --strategy hsdp --dp-replicate 2 --dp-shard 2 --dtype bf16
+
+``fully_shard`` turns every parameter into a DTensor sharded on dim 0 over the mesh (Shard(0): each rank keeps
+rows ceil(n/N)·r ... of it, the last rank padded). Each wrapped unit (a block, a pair of blocks, the root) is one
+all-gather before its forward (and again before its backward when it resharded) and one reduce-scatter of its
+gradients after its backward. HSDP adds an all-reduce of the reduce-scattered shards across replicas. Order: the
+blocks first, then the root (which takes whatever is left: embeddings, final norm, head).
+
+``--dtype bf16`` is FSDP2's MixedPrecisionPolicy (bf16 compute copies, fp32 gradient reduction, fp32 sharded
+master weights), not autocast. FSDP1 (``FullyShardedDataParallel``) maps onto these arguments as: ShardingStrategy.
+FULL_SHARD → reshard_after_forward=True, SHARD_GRAD_OP → False, HYBRID_SHARD → a 2-D mesh (``hsdp``),
+``transformer_auto_wrap_policy`` → ``--wrap block``, ``CPUOffload(offload_params=True)`` → ``--offload cpu``.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from coursekit.fsdp import FSDPOptions
+from coursekit.parallel.api import Strategy
+
+
+def reshard_value(text: str):
+    t = str(text).strip().lower()
+    if t in ("true", "false"):
+        return t == "true"
+    try:
+        n = int(t)
+    except ValueError:
+        raise ValueError(f"--reshard-after-forward takes true, false or a number of ranks, got {text!r}") from None
+    if n < 1:
+        raise ValueError(f"--reshard-after-forward {n}: need a positive number of ranks")
+    return n
+
+
+class FSDP2(Strategy):
+    name = "fsdp2"
+
+    @classmethod
+    def check(cls, opts, dims) -> None:
+        super().check(opts, dims)
+        r = reshard_value(opts.of(FSDPOptions).reshard_after_forward)
+        shard = dims.size("fsdp")
+        if not isinstance(r, bool) and (shard % r or r == 1):
+            raise ValueError(f"--reshard-after-forward {r} must divide the {shard} sharding ranks and be > 1")
+        if opts.of(FSDPOptions).prefetch < 0:
+            raise ValueError("--prefetch must be >= 0")
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.fo = self.opts.of(FSDPOptions)
+        self.mp_dtype, self.autocast_dtype = self.autocast_dtype, None  # bf16 through the policy, not autocast
+
+    def dp_mesh(self):
+        return self.ctx.mesh["fsdp"]
+
+    def wrap(self, model):
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        from coursekit.models import blocks
+
+        kw = dict(mesh=self.dp_mesh(), reshard_after_forward=reshard_value(self.fo.reshard_after_forward))
+        if self.mp_dtype is not None:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.mp_dtype, reduce_dtype=torch.float32)
+        kw["offload_policy"] = (CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.fo.offload == "cpu"
+                                else OffloadPolicy())
+        lm = model.lm if hasattr(model, "lm") else model
+        units = [b for b in blocks(lm) if any(True for _ in b.parameters())]  # pipeline placeholders hold none
+        if self.fo.wrap == "pair":
+            units = [units[i:i + 2] for i in range(0, len(units), 2)]
+        if self.fo.wrap != "root":
+            for u in units:
+                fully_shard(u, **kw)
+        self.units = [u if isinstance(u, torch.nn.Module) else u[0] for u in units] if self.fo.wrap != "root" else []
+        # the root's forward ends where its backward starts: resharding it would only gather it again at once
+        fully_shard(model, **dict(kw, reshard_after_forward=False))
+        if self.fo.prefetch and self.units:
+            n = self.fo.prefetch
+            for i, u in enumerate(self.units):
+                u.set_modules_to_forward_prefetch(self.units[i + 1:i + 1 + n])
+                u.set_modules_to_backward_prefetch(self.units[max(0, i - n):i][::-1])
+        return model
+
+    def sync_context(self, micro: int, n_micro: int):
+        if micro == n_micro - 1:
+            return contextlib.nullcontext()
+        self.model.set_requires_gradient_sync(False)  # gradients accumulate; one reduce-scatter, at the last
+        return _restore_sync(self.model)
+
+
+class HSDP(FSDP2):
+    name = "hsdp"
+
+    @classmethod
+    def check(cls, opts, dims) -> None:
+        super().check(opts, dims)
+        if dims.cp > 1:
+            raise ValueError("--strategy hsdp with --cp is not supported; use fsdp2 (it shards over dp_shard x cp)")
+
+    def dp_mesh(self):
+        return self.ctx.mesh.root["dp_replicate", "dp_shard"]
+
+
+@contextlib.contextmanager
+def _restore_sync(model):
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

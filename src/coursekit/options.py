@@ -1,0 +1,234 @@
+"""Typed options of the reference trainer: keyword-only dataclasses, a docstring per field, the CLI made from them.
+
+    opts = parse(["--strategy", "ddp", "--tp", "2", "--steps", "5"])
+    opts.train.steps, opts.parallel.tp, opts.of(DDPOptions).bucket_mb
+
+Each group is owned by a component: the trainer core owns training, parallel, checkpoint, profiling, faults and
+output; a strategy or parallelism declares its own group (``options = (DDPOptions,)``) in its registry entry
+(``coursekit.parallel.registry``). A flag given on the command line whose owner is not part of this run (e.g.
+``--bucket-mb`` with ``--strategy zero2``) is refused here, in one place, before anything is launched.
+``tests/test_options.py`` freezes the flag list, so that a new flag is a deliberate change.
+
+The field docstrings (the string under each field, as in torchtitan's job config) are the ``--help`` text: they are
+read from this file's source once, so docs and help cannot drift apart.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+DTYPES = ("fp32", "bf16")
+
+
+@dataclass(kw_only=True)
+class TrainingOptions:
+    model: str = "tiny-llama"
+    """Preset name (coursekit memory --list) or path to an HF config.json."""
+    steps: int = 5
+    """Optimizer steps to run."""
+    seq: int = 64
+    """Sequence length in tokens (every sample has seq inputs and seq pre-shifted labels)."""
+    micro_batch: int | None = None
+    """Sequences per data-parallel rank per micro-batch (default: from --global-batch)."""
+    global_batch: int | None = None
+    """Sequences per optimizer step over all data-parallel ranks (sets --micro-batch); default 8."""
+    grad_accum: int = field(default=1, metadata={"aliases": ("--microbatches",)})
+    """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches under --pp)."""
+    dtype: str = field(default="fp32", metadata={"choices": DTYPES})
+    """fp32, or bf16 (autocast with fp32 master weights; DeepSpeed: its bf16 block)."""
+    attention: str = field(default="sdpa", metadata={"choices": ("sdpa", "eager")})
+    """Attention implementation as transformers names it."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    seed: int = 0
+    """Seed of the model init (same on every rank) and of the data."""
+    data: str = field(default="synthetic", metadata={"choices": ("synthetic", "text")})
+    """synthetic arithmetic sequences, or byte windows of the shipped text corpus."""
+    recompute: str = field(default="none", metadata={"choices": ("none", "full")})
+    """Activation checkpointing of every transformer block."""
+    compile: bool = False
+    """torch.compile every transformer block (inductor)."""
+
+
+@dataclass(kw_only=True)
+class ParallelOptions:
+    strategy: str = "single"
+    """Data-parallel strategy: single, ddp, zero0-3, deepspeed (more as the course's modules add them)."""
+    dp_replicate: int | None = None
+    """Data-parallel replicas (DDP, ZeRO, HSDP across nodes); default: the ranks left by tp x pp x cp."""
+    dp_shard: int | None = None
+    """Data-parallel ranks that shard parameters (FSDP2, HSDP within a node)."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel stages."""
+    cp: int = 1
+    """Context-parallel degree (the sequence is split over these ranks)."""
+
+
+@dataclass(kw_only=True)
+class CheckpointOptions:
+    ckpt_dir: str | None = None
+    """Checkpoint folder (torch.distributed.checkpoint); a run resumes from its latest complete step."""
+    save_every: int = 0
+    """Checkpoint every K steps (and at the end); needs --ckpt-dir."""
+
+
+@dataclass(kw_only=True)
+class ProfilingOptions:
+    profile_dir: str | None = None
+    """Write a torch.profiler Chrome trace per rank (opens in Perfetto) into this folder."""
+    profile_steps: str = "2:5"
+    """Steps a:b (a included, b excluded) that the profiler records."""
+
+
+@dataclass(kw_only=True)
+class FaultOptions:
+    crash_at_step: int | None = None
+    """Fault injection: raise at this step unless the run resumed from a checkpoint."""
+
+
+@dataclass(kw_only=True)
+class OutputOptions:
+    quiet: bool = False
+    """No per-step progress."""
+
+
+@dataclass(kw_only=True)
+class LaunchOptions:
+    """The launcher's own options (``coursekit train``): not passed to the workers."""
+    nproc: int | None = None
+    """Processes (default: the product of the parallel degrees; else GPUs present, else 2; 1 for single)."""
+    timeout: float = 600
+    """Seconds before the whole job is stopped."""
+    json: bool = False
+    """Print every rank's records (steps, final) as one JSON object instead of the summary table."""
+
+
+CORE = {"train": TrainingOptions, "parallel": ParallelOptions, "ckpt": CheckpointOptions,
+        "profile": ProfilingOptions, "faults": FaultOptions, "output": OutputOptions}
+
+
+class Options:
+    """The parsed run: ``.train``, ``.parallel``, ``.ckpt``, ``.profile``, ``.faults``, ``.output`` and ``of(cls)``
+    for a component's own group."""
+
+    def __init__(self, groups: dict, given: set[str] = frozenset()):
+        self._groups = groups  # class -> instance
+        self.given = set(given)  # flags (dest names) set on the command line
+        for attr, cls in CORE.items():
+            setattr(self, attr, groups[cls])
+
+    def of(self, cls):
+        return self._groups[cls]
+
+    def to_dict(self) -> dict:
+        return {cls.__name__: dataclasses.asdict(v) for cls, v in self._groups.items()}
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of a dataclass, read from its source."""
+    tree = ast.parse(inspect.getsource(cls))
+    body, out = tree.body[0].body, {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            out[a.target.id] = " ".join(str(b.value.value).split())
+    return out
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_group(p: argparse.ArgumentParser, cls, title: str | None = None) -> None:
+    """One argparse flag per field; defaults are SUPPRESSed so that we know which flags were given."""
+    g = p.add_argument_group(title or cls.__name__.replace("Options", "").lower())
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        default = f.default
+        doc = docs.get(f.name, "")
+        help_ = doc if "default" in doc or kind == "bool" else f"{doc} (default: {default})"
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=help_)
+        names = [flag(f.name), *f.metadata.get("aliases", ())]
+        if kind == "bool":
+            g.add_argument(*names, action="store_true", **kw)
+            continue
+        conv = float if kind.startswith("float") else int if kind.startswith("int") else str
+        choices = f.metadata.get("choices")
+        g.add_argument(*names, type=conv, choices=choices,
+                       metavar="{" + ",".join(choices) + "}" if choices else f.name.upper(), **kw)
+
+
+def component_groups() -> list[tuple[type, str]]:
+    """Every component option group with the name of its owner, from the registry."""
+    from coursekit.parallel import registry
+
+    return registry.option_groups()
+
+
+def build_parser(prog: str = "coursekit train", launcher: bool = False) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="The reference trainer: one loop, every parallelism of "
+                                "the course, on one device mesh.", argument_default=argparse.SUPPRESS)
+    if launcher:
+        add_group(p, LaunchOptions, "launcher")
+    for attr, cls in CORE.items():
+        add_group(p, cls, attr)
+    for cls, owner in component_groups():
+        add_group(p, cls, f"{owner} (only with {owner})")
+    return p
+
+
+def build(values: dict, given: set[str] | None = None) -> Options:
+    """Options from a dict of field values (unknown names refused); ``given`` defaults to the dict's keys."""
+    given = set(values) if given is None else given
+    groups, left = {}, dict(values)
+    for cls in [*CORE.values(), *(c for c, _ in component_groups())]:
+        names = {f.name for f in dataclasses.fields(cls)}
+        groups[cls] = cls(**{k: left.pop(k) for k in list(left) if k in names})
+    if left:
+        raise ValueError(f"unknown option(s): {', '.join(flag(k) for k in sorted(left))}")
+    opts = Options(groups, given)
+    refuse_unowned(opts)
+    return opts
+
+
+def parse(argv=None) -> Options:
+    ns = vars(build_parser().parse_args(argv))
+    return build(ns)
+
+
+def refuse_unowned(opts: Options) -> None:
+    """A flag whose owner does not take part in this run is an error (one message naming owner and run)."""
+    from coursekit.parallel import registry
+
+    active = registry.active_components(opts)
+    for cls, owner in component_groups():
+        if owner in active:
+            continue
+        for f in dataclasses.fields(cls):
+            if f.name in opts.given:
+                raise ValueError(f"{flag(f.name)} belongs to {owner}, which this run does not use "
+                                 f"({registry.describe_run(opts)})")
+
+
+def to_argv(opts: Options) -> list[str]:
+    """The worker command line for ``opts`` (only what was given: defaults stay the workers' own)."""
+    out = []
+    for cls, inst in opts._groups.items():
+        for f in dataclasses.fields(cls):
+            if f.name not in opts.given:
+                continue
+            v = getattr(inst, f.name)
+            if isinstance(v, bool):
+                out += [flag(f.name)] if v else []
+            elif v is not None:
+                out += [flag(f.name), str(v)]
+    return out

@@ -1,0 +1,177 @@
+"""What a strategy provides to the trainer, and the one step every strategy and layout runs.
+
+The trainer builds a ``Context`` (who this rank is, the layout, the mesh, the options), picks the strategy class
+(``--strategy``: the data-parallel flavour), lets ``compose.parallelize`` apply the model transforms in their fixed
+order (PP split, TP, CP, activation checkpointing, compile) and then calls only:
+
+    strategy.setup(model)                      # strategy.wrap(model) on its sub-mesh, then the optimizer
+    loss = strategy.train_step(micro_batches)  # forward, loss, backward per micro-batch, then the optimizer step
+    strategy.state_bytes(), .param_sq_sum(), .state_dict(), .load_state_dict(sd), .close()
+
+``train_step``'s default is the plain loop (gradient accumulation: DDP skips the all-reduce on all but the last
+micro-batch); a pipeline schedule replaces the loop (``coursekit.pp``: only the last stage holds a loss), an engine
+such as DeepSpeed replaces ``backward`` and ``step``. The loss is the course's own (``coursekit.train.loss``),
+computed from the logits, so tensor-parallel and pipeline runs need nothing from transformers' internal loss.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from coursekit.measure import state_bytes
+from coursekit.train.loss import cross_entropy
+
+ADAMW = dict(betas=(0.9, 0.95), eps=1e-8)  # the course's AdamW, everywhere (trainer, ZeRO, Accelerate, GPU check)
+
+
+def adamw(params, *, lr: float, weight_decay: float = 0.0, device_type: str = "cpu", fused: bool | None = None):
+    """The one optimizer factory. CPU: the per-parameter loop (foreach=False) keeps the step's temporaries small
+    and identical across strategies, so held bytes compare exactly; CUDA: the fused kernel, as a fast trainer uses."""
+    fused = (device_type == "cuda") if fused is None else fused
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False, fused=fused or None, **ADAMW)
+
+
+@dataclass
+class Context:
+    info: object  # coursekit.dist.DistInfo
+    dims: object  # coursekit.parallel.ParallelDims
+    mesh: object  # torch DeviceMesh with the axes and derived groups of dims
+    opts: object  # coursekit.options.Options
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.info.device)
+
+    @classmethod
+    def for_run(cls, info, opts) -> "Context":
+        """Validate ``opts`` for this process group (filling the batch sizes) and build the mesh."""
+        from coursekit.parallel.mesh import build_mesh
+        from coursekit.train.layout import validate
+
+        dims = validate(opts, info.world_size)
+        return cls(info=info, dims=dims, mesh=build_mesh(dims, torch.device(info.device).type), opts=opts)
+
+    @classmethod
+    def local(cls, opts, device: str = "cpu") -> "Context":
+        """One process without a process group (the GPU check, notebooks): no mesh, world size 1."""
+        from coursekit.dist import DistInfo
+        from coursekit.train.layout import validate
+
+        info = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", device=str(device),
+                        source="single")
+        return cls(info=info, dims=validate(opts, 1), mesh=None, opts=opts)
+
+
+class Strategy:
+    """The data-parallel flavour of a run; owns the (wrapped) model and the optimizer."""
+
+    name = "base"
+    supports = {"checkpoint": True, "compile": True, "tp": True, "pp": True, "cp": True}
+
+    @classmethod
+    def check(cls, opts, dims) -> None:
+        """Checks that need no process group (run by the CLI before launching): refuse what this strategy
+        cannot do, with one clear message."""
+        run = f"--strategy {opts.parallel.strategy}"
+        asks = {"checkpoint": bool(opts.ckpt.ckpt_dir), "compile": opts.train.compile,
+                "tp": dims.tp > 1, "pp": dims.pp > 1, "cp": dims.cp > 1}
+        for what, wanted in asks.items():
+            if wanted and not cls.supports.get(what, False):
+                raise ValueError(f"{run} does not support {what} ({cls.why_not.get(what, 'not implemented')})")
+
+    why_not: dict = {}
+
+    def __init__(self, ctx: Context):
+        self.ctx, self.opts = ctx, ctx.opts
+        self.info = ctx.info
+        self.device = ctx.device
+        self.autocast_dtype = torch.bfloat16 if self.opts.train.dtype == "bf16" else None
+        self.last_state_bytes: dict | None = None
+        self.pipeline = None  # set by coursekit.pp when the model is split into stages
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def setup(self, model: torch.nn.Module) -> None:
+        self.model = self.wrap(model.to(self.device))
+        self.optimizer = self.make_optimizer([p for p in self.model.parameters() if p.requires_grad])
+        if self.pipeline is not None:
+            self.pipeline.attach(self.model)
+
+    def wrap(self, model):
+        return model
+
+    def make_optimizer(self, params):
+        t = self.opts.train
+        return adamw(params, lr=t.lr, weight_decay=t.weight_decay, device_type=self.device.type)
+
+    # -- one step ---------------------------------------------------------------------------------------------
+    def sync_context(self, micro: int, n_micro: int):
+        return contextlib.nullcontext()
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+
+    def forward_loss(self, batch) -> torch.Tensor:
+        with self.autocast():
+            logits = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids).logits
+        return cross_entropy(logits, batch.labels)
+
+    def backward(self, loss: torch.Tensor, micro: int, n_micro: int) -> None:
+        (loss / n_micro).backward()
+
+    def train_step(self, micro_batches: list, measure: bool = False) -> torch.Tensor | None:
+        """One optimizer step over this rank's micro-batches; returns the mean micro-batch loss of this rank
+        (None on a pipeline stage that holds no loss)."""
+        if self.pipeline is not None:
+            loss = self.pipeline.train_step(self, micro_batches)
+        else:
+            n, loss = len(micro_batches), torch.zeros((), device=self.device)
+            for i, b in enumerate(micro_batches):
+                with self.sync_context(i, n):
+                    li = self.forward_loss(b)
+                    self.backward(li, i, n)
+                loss += li.detach().float() / n
+        self.step(measure=measure)
+        return loss
+
+    def step(self, measure: bool = False) -> None:
+        self.optimizer.step()
+        if measure:
+            self.last_state_bytes = self.state_bytes()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -- what it holds --------------------------------------------------------------------------------------
+    def state_bytes(self) -> dict:
+        return state_bytes(self.model, self.optimizer)
+
+    def param_sq_sum(self) -> float:
+        """Σ w² over the full model in float64: DTensor shards are gathered, pipeline stages summed."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        s = torch.zeros((), dtype=torch.float64)
+        for p in self.model.parameters():
+            t = p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()
+            s += t.double().pow(2).sum().cpu()
+        if self.ctx.dims.pp > 1:
+            s = s.to(self.device)
+            dist.all_reduce(s, group=self.ctx.mesh["pp"].get_group())
+        return float(s)
+
+    def close(self) -> None:
+        """Drop the model and optimizer (called before the process group is destroyed)."""
+        self.model = self.optimizer = None
+        self.pipeline = None
+
+    # -- checkpoints (DCP: works for replicated and sharded states alike) --------------------------------------
+    def state_dict(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, sd) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])

@@ -1,0 +1,33 @@
+"""Apply a run's parallelisms to a model in one fixed, documented order (torchtitan's ``parallelize_llama``):
+
+    1. PP split   (coursekit.pp)   keep this rank's stage of blocks
+    2. TP         (coursekit.tp)   DTensor plan on the tp sub-mesh
+    3. CP         (coursekit.cp)   attention over sequence shards (Module 4)
+    4. activation checkpointing    --recompute full: every block recomputes its forward in backward
+    5. compile                     --compile: torch.compile each block (in place, so wrappers keep their hooks)
+    6. data parallel               the strategy's wrap (DDP, ZeRO, FSDP2 ...) in ``strategy.setup``
+
+Why this order: the pipeline split decides which blocks exist here; TP must see plain ``nn.Linear`` modules to
+replace their weights by DTensors; checkpointing and compile wrap the already-parallel blocks; data parallelism
+comes last because it shards or replicates whatever parameters the earlier steps left (DTensors included).
+Each parallelism knows only its own sub-mesh (``ctx.mesh["tp"]``, ...).
+"""
+from __future__ import annotations
+
+from coursekit.parallel import registry
+
+
+def parallelize(model, strategy, ctx):
+    dims, t = ctx.dims, ctx.opts.train
+    for name in registry.ORDER:
+        if dims.degrees[name] > 1:
+            model = registry.parallelism(name)(ctx).apply(model, strategy)
+    lm = model.lm if hasattr(model, "lm") else model  # a pipeline stage wraps the HF model
+    if t.recompute == "full":
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if t.compile:
+        from coursekit.models import blocks
+
+        for block in blocks(lm):
+            block.compile()
+    return model

@@ -1,0 +1,203 @@
+"""The parallel layout in pure Python: how many ranks along each axis, and where each rank sits.
+
+    dims = ParallelDims(world_size=8, tp=2, pp=2)          # data parallel fills what is left: dp_replicate=2
+    dims.coords(5)      -> {'pp': 1, 'dp_replicate': 0, 'dp_shard': 0, 'cp': 0, 'tp': 1}
+    dims.group(5, 'tp') -> [4, 5]                          # the ranks rank 5 talks to in its TP all-reduces
+
+One object serves the trainer (which turns it into a ``DeviceMesh``, ``coursekit.parallel.mesh``), the memory
+calculator and the planner; it imports no torch and validates once, with a message that names every degree.
+
+Axes, outermost first (the rank grid of picotron's process-group manager, the mesh of torchtitan's ParallelDims):
+
+    pp  ×  dp_replicate  ×  dp_shard  ×  cp  ×  tp          (tp varies fastest: neighbouring ranks, same node)
+
+TP talks most (every layer, on the critical path), so it sits innermost, inside an NVLink node; PP talks least
+(point-to-point activations once per micro-batch), so it spans nodes. Naming convention (torchtitan's): an "axis"
+belongs to the mesh, a "dim" to a tensor.
+
+Derived groups, each a product of axes:
+    batch  = dp_replicate × dp_shard       ranks that see different data (the global batch is sliced over these)
+    loss   = dp_replicate × dp_shard × cp  ranks whose losses are averaged (a CP rank holds part of a sequence)
+    fsdp   = dp_shard × cp                 ranks FSDP shards parameters over (CP ranks hold the same weights)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+DERIVED = {"batch": ("dp_replicate", "dp_shard"), "loss": ("dp_replicate", "dp_shard", "cp"),
+           "fsdp": ("dp_shard", "cp"), "dp": ("dp_replicate", "dp_shard")}
+FLAVOURS = ("replicate", "shard", "hybrid")
+
+
+class LayoutError(ValueError):
+    """A layout that cannot work; raised before any process starts."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelDims:
+    world_size: int
+    """Total ranks; must equal pp · dp_replicate · dp_shard · cp · tp."""
+    dp_replicate: int | None = None
+    """Data-parallel replicas (DDP, ZeRO's data-parallel group, HSDP across nodes). None: fill (see dp_flavour)."""
+    dp_shard: int | None = None
+    """Data-parallel ranks that shard parameters (FSDP2, HSDP within a node). None: fill (see dp_flavour)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row split of every layer)."""
+    pp: int = 1
+    """Pipeline stages."""
+    cp: int = 1
+    """Context-parallel degree (the sequence is split over these ranks)."""
+    dp_flavour: str = "replicate"
+    """Which data-parallel axis fills the ranks left by tp·pp·cp: replicate (DDP, ZeRO), shard (FSDP2), hybrid
+    (HSDP: both given, or shard filled within)."""
+    degrees: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.dp_flavour not in FLAVOURS:
+            raise LayoutError(f"unknown data-parallel flavour {self.dp_flavour!r}; choose one of {', '.join(FLAVOURS)}")
+        for k in ("world_size", "tp", "pp", "cp"):
+            _positive(k, getattr(self, k))
+        for k in ("dp_replicate", "dp_shard"):
+            if getattr(self, k) is not None:
+                _positive(k, getattr(self, k))
+        rest = self.tp * self.pp * self.cp
+        if self.world_size % rest:
+            raise LayoutError(f"world size {self.world_size} is not divisible by tp {self.tp} x pp {self.pp} x cp "
+                              f"{self.cp} = {rest}; choose degrees whose product divides it")
+        left = self.world_size // rest
+        rep, shard = self.dp_replicate, self.dp_shard
+        if rep is None and shard is None:
+            rep, shard = (left, 1) if self.dp_flavour == "replicate" else (1, left)
+        elif rep is None:
+            if left % shard:
+                raise LayoutError(f"dp_shard {shard} does not divide the {left} data-parallel ranks left by "
+                                  f"world {self.world_size} / (tp {self.tp} x pp {self.pp} x cp {self.cp})")
+            rep = left // shard
+        elif shard is None:
+            if left % rep:
+                raise LayoutError(f"dp_replicate {rep} does not divide the {left} data-parallel ranks left by "
+                                  f"world {self.world_size} / (tp {self.tp} x pp {self.pp} x cp {self.cp})")
+            shard = left // rep
+        d = {"pp": self.pp, "dp_replicate": rep, "dp_shard": shard, "cp": self.cp, "tp": self.tp}
+        if prod(d.values()) != self.world_size:
+            raise LayoutError(f"pp {self.pp} x dp_replicate {rep} x dp_shard {shard} x cp {self.cp} x tp {self.tp} = "
+                              f"{prod(d.values())}, but the world size is {self.world_size}")
+        if self.dp_flavour == "replicate" and shard != 1:
+            raise LayoutError(f"dp_shard {shard} needs a sharding data-parallel strategy (fsdp2, hsdp); "
+                              "this one replicates (use --dp-replicate)")
+        object.__setattr__(self, "degrees", d)
+
+    # -- degrees ----------------------------------------------------------------------------------------------
+    def size(self, name: str) -> int:
+        """Ranks along an axis or a derived group (batch, loss, fsdp, dp)."""
+        return prod(self.degrees[a] for a in self._axes(name))
+
+    @property
+    def dp(self) -> int:
+        return self.size("dp")
+
+    @property
+    def enabled(self) -> list[str]:
+        """Axes with more than one rank, outermost first."""
+        return [a for a in AXES if self.degrees[a] > 1]
+
+    # -- where a rank sits --------------------------------------------------------------------------------------
+    def coords(self, rank: int) -> dict:
+        """The mesh coordinate of ``rank`` (row-major over AXES: tp fastest)."""
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} outside world size {self.world_size}")
+        out = {}
+        for a in reversed(AXES):
+            rank, out[a] = divmod(rank, self.degrees[a])
+        return {a: out[a] for a in AXES}
+
+    def rank_of(self, coords: dict) -> int:
+        r = 0
+        for a in AXES:
+            r = r * self.degrees[a] + coords.get(a, 0)
+        return r
+
+    def coord(self, rank: int, name: str) -> int:
+        """The index of ``rank`` inside its group ``name`` (an axis or a derived group)."""
+        c, idx = self.coords(rank), 0
+        for a in self._axes(name):
+            idx = idx * self.degrees[a] + c[a]
+        return idx
+
+    def group(self, rank: int, name: str) -> list[int]:
+        """Every rank in ``rank``'s group along ``name``: same coordinates on all other axes."""
+        axes, base = self._axes(name), self.coords(rank)
+        members = [dict(base)]
+        for a in axes:
+            members = [dict(m, **{a: i}) for m in members for i in range(self.degrees[a])]
+        return sorted(self.rank_of(m) for m in members)
+
+    def groups(self, name: str) -> list[list[int]]:
+        """All groups along ``name`` (each rank in exactly one)."""
+        seen, out = set(), []
+        for r in range(self.world_size):
+            if r not in seen:
+                g = self.group(r, name)
+                seen.update(g)
+                out.append(g)
+        return out
+
+    def describe(self, gpus_per_node: int | None = None) -> str:
+        """A table: each global rank, its coordinate, and the groups it talks in (node number when given)."""
+        names = [a for a in AXES if self.degrees[a] > 1] or ["dp_replicate"]
+        head = "rank " + (" node" if gpus_per_node else "") + "".join(f" {a:>12}" for a in names) + "   groups"
+        rows = [f"layout: {self}", head]
+        for r in range(self.world_size):
+            c = self.coords(r)
+            talks = "  ".join(f"{a}{self.group(r, a)}" for a in names)
+            node = f" {r // gpus_per_node:>4}" if gpus_per_node else ""
+            rows.append(f"{r:>4}{node}" + "".join(f" {c[a]:>12}" for a in names) + f"   {talks}")
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return " x ".join(f"{a}={self.degrees[a]}" for a in AXES) + f" (world {self.world_size})"
+
+    def to_dict(self) -> dict:
+        return dict(self.degrees, world_size=self.world_size)
+
+    def _axes(self, name: str) -> tuple:
+        if name in self.degrees:
+            return (name,)
+        if name in DERIVED:
+            return DERIVED[name]
+        raise LayoutError(f"unknown mesh axis or group {name!r}; axes: {', '.join(AXES)}; groups: {', '.join(DERIVED)}")
+
+
+def _positive(name: str, v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise LayoutError(f"{name} must be a positive integer, got {v!r}")
+
+
+def check_model(dims: ParallelDims, *, num_layers: int, num_heads: int, num_kv_heads: int | None = None,
+                seq: int | None = None, cp_impl: str | None = None, sp: bool = False,
+                virtual_stages: int = 1) -> None:
+    """Refuse layouts a model cannot be split into, before anything launches. Key/value heads fewer than the TP or
+    Ulysses degree are replicated (as Megatron and DeepSpeed do), not refused."""
+    tp, cp, pp = dims.tp, dims.cp, dims.pp
+    if num_heads % tp:
+        raise LayoutError(f"{num_heads} query heads do not split over tp {tp}; choose tp dividing {num_heads}")
+    if cp_impl == "ulysses" and num_heads % (tp * cp):
+        raise LayoutError(f"Ulysses needs query heads % (tp x cp) == 0: {num_heads} heads, tp {tp} x cp {cp}")
+    kv = num_kv_heads or num_heads
+    if kv >= tp and kv % tp:
+        raise LayoutError(f"{kv} key/value heads do not split over tp {tp} (nor is tp a multiple of them)")
+    if kv < tp and tp % kv:
+        raise LayoutError(f"tp {tp} is not a multiple of the {kv} key/value heads, so they cannot be replicated "
+                          "evenly")
+    if num_layers < pp * virtual_stages:
+        raise LayoutError(f"{num_layers} layers cannot fill pp {pp} x {virtual_stages} stage(s) per rank")
+    if seq is not None and cp > 1:
+        need = 2 * cp if cp_impl in (None, "ring") else cp
+        if seq % need:
+            raise LayoutError(f"sequence length {seq} is not divisible by {need} "
+                              f"({'2 x cp for load-balanced ring attention' if need == 2 * cp else 'cp'})")
+    if seq is not None and sp and seq % (tp * cp):
+        raise LayoutError(f"sequence length {seq} is not divisible by tp {tp} x cp {cp} (sequence parallelism "
+                          "splits each CP shard over the TP ranks)")

@@ -1,0 +1,31 @@
+"""The reference trainer: one loop, every strategy and layout of the course, on one device mesh.
+
+    python -m coursekit.train --strategy single --steps 5                      # one process
+    torchrun --nproc-per-node 4 -m coursekit.train --strategy ddp --tp 2       # or: coursekit train --tp 2 ...
+
+- ``loop``: the plain step loop (``strategy.train_step(micro_batches)``), records per step and a final record
+- ``layout``: every check that needs no process group (layout, model split, batch sizes, strategy limits)
+- ``loss``: the course's loss from logits, reduced over the loss group, from the last pipeline stage
+- ``checkpoint``: DCP save / resume with an atomic marker · ``faults``: fault injection · ``progress``: the bar
+
+Options are typed dataclasses (``coursekit.options``); ``coursekit train --help`` lists them all. Global batch =
+micro-batch × grad-accum × data-parallel ranks, the same at every layout, so runs compare step by step.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main(argv=None) -> int:
+    from coursekit.launch import report
+    from coursekit.options import parse
+    from coursekit.train.loop import run
+
+    try:
+        opts = parse(argv)
+        out = run(opts)
+    except ValueError as e:  # bad input: one clear line, no traceback
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    report(out)
+    return 0

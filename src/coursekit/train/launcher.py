@@ -1,0 +1,84 @@
+"""``coursekit train``: check the run, launch the trainer on N processes, show progress, print the summary.
+
+    coursekit train --strategy ddp --tp 2 --steps 20          # 4 processes (the degrees' product), progress bar
+    coursekit train --strategy zero2 --nproc 2 --json         # every rank's records as one JSON object
+
+Every check that needs no process group (``coursekit.train.layout.validate``) runs here first: a bad run costs no
+launch and exits with code 2 and one line.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+import time
+
+
+def run_training(train_args: list[str], *, nproc: int, timeout: float = 600, stream: bool = False,
+                 progress=None) -> dict:
+    """Launch the reference trainer; returns rank 0's record plus every rank's final record and wall time."""
+    from coursekit.launch import launch
+
+    t0 = time.monotonic()
+    args = list(train_args) if progress else ["--quiet", *train_args]
+    res = launch("coursekit.train", args, nproc=nproc, timeout=timeout, stream=stream or bool(progress),
+                 on_line=progress.feed if progress else None)
+    if progress:
+        progress.close()
+    out = dict(res.results[0])
+    out["ranks"] = [r["final"] for r in res.results]
+    out["results"] = res.results
+    out["wall_s"] = time.monotonic() - t0
+    return out
+
+
+def summary_table(runs: list[dict]) -> str:
+    """One row per run: layout, world, first and final loss, tokens/s, step time, wall time."""
+    head = (f"{'strategy':<10} {'layout':<22} {'world':>5} {'steps':>5}  {'first loss':>10} {'final loss':>10} "
+            f"{'tokens/s':>9} {'step ms':>8} {'wall s':>7}")
+    rows = [head, "-" * len(head)]
+    for r in runs:
+        f, steps = r["final"], r["steps"]
+        lay = f.get("layout") or {}
+        layout = " ".join(f"{k}{v}" for k, v in lay.items() if k != "world_size" and v > 1) or "-"
+        timed = steps[1:] or steps  # the first step includes warm-up
+        tps = sum(s["tokens_per_s"] for s in timed) / len(timed)
+        ms = 1000 * sum(s["step_time_s"] for s in timed) / len(timed)
+        rows.append(f"{f['strategy']:<10} {layout:<22} {f['world_size']:>5} {len(steps):>5}  "
+                    f"{steps[0]['loss']:>10.4f} {steps[-1]['loss']:>10.4f} {tps:>9.0f} {ms:>8.1f} "
+                    f"{r['wall_s']:>7.1f}")
+    return "\n".join(rows)
+
+
+def plan(argv) -> tuple:
+    """Parse and check a ``coursekit train`` command line: (launcher options, trainer options, nproc)."""
+    from coursekit import options
+    from coursekit.launch import default_nproc
+    from coursekit.parallel import registry
+    from coursekit.train.layout import default_world, validate
+
+    ns = vars(options.build_parser(launcher=True).parse_args(argv))
+    names = {f.name for f in dataclasses.fields(options.LaunchOptions)}
+    lo = options.LaunchOptions(**{k: ns.pop(k) for k in list(ns) if k in names})
+    opts = options.build(ns)
+    one = registry.entry(opts.parallel.strategy).world == "one"
+    nproc = lo.nproc if lo.nproc is not None else default_world(opts) or (1 if one else default_nproc())
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    validate(copy.deepcopy(opts), nproc)  # fail before launching anything
+    return lo, opts, nproc
+
+
+def main(argv=None) -> int:
+    from coursekit.options import to_argv
+    from coursekit.train.progress import Progress
+
+    lo, opts, nproc = plan(list(sys.argv[1:] if argv is None else argv))
+    show = not (lo.json or opts.output.quiet)
+    res = run_training(to_argv(opts), nproc=nproc, timeout=lo.timeout, progress=Progress() if show else None)
+    if lo.json:
+        print(json.dumps({"nproc": nproc, "wall_s": res["wall_s"], "ranks": res["results"]}))
+    else:
+        print(summary_table([res]))
+    return 0

@@ -1,0 +1,91 @@
+"""Everything about a run that can be checked without a process group: the CLI runs it before launching, each
+worker runs it again on start. Bad input raises ValueError with one clear message (exit code 2 at the CLI)."""
+from __future__ import annotations
+
+from coursekit.parallel import LayoutError, ParallelDims, check_model
+from coursekit.parallel import registry
+
+
+def dims_for(opts, world_size: int) -> ParallelDims:
+    p = opts.parallel
+    e = registry.entry(p.strategy)
+    if e.world == "one" and world_size != 1:
+        raise ValueError(f"strategy {p.strategy!r} runs on 1 process, not {world_size}; "
+                         "use --strategy ddp (or another parallel strategy) for more")
+    return ParallelDims(world_size=world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
+                        cp=p.cp, dp_flavour=e.flavour)
+
+
+def default_world(opts) -> int | None:
+    """The world size the degrees ask for when any is given (dp_* default 1 then), else None."""
+    p = opts.parallel
+    given = [k for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp") if k in opts.given]
+    if not given:
+        return None
+    return (p.dp_replicate or 1) * (p.dp_shard or 1) * p.tp * p.pp * p.cp
+
+
+def resolve_batch(t, dp_world: int) -> None:
+    """Fill ``t.micro_batch`` / ``t.global_batch`` (TrainingOptions) for ``dp_world`` data-parallel ranks."""
+    for k in ("steps", "seq", "grad_accum"):
+        if getattr(t, k) < 1:
+            raise ValueError(f"--{k.replace('_', '-')} must be >= 1, got {getattr(t, k)}")
+    if t.micro_batch is not None and t.micro_batch < 1:
+        raise ValueError(f"--micro-batch must be >= 1, got {t.micro_batch}")
+    if t.micro_batch is None:
+        g = 8 if t.global_batch is None else t.global_batch
+        if g < 1 or g % (dp_world * t.grad_accum):
+            raise ValueError(f"global batch {g} is not divisible by data-parallel world size {dp_world} x "
+                             f"grad-accum {t.grad_accum}; pick a global batch that is a multiple of "
+                             f"{dp_world * t.grad_accum}")
+        t.micro_batch = g // (dp_world * t.grad_accum)
+    elif t.global_batch is not None and t.global_batch != t.micro_batch * t.grad_accum * dp_world:
+        raise ValueError(f"--global-batch {t.global_batch} != micro-batch {t.micro_batch} x grad-accum "
+                         f"{t.grad_accum} x data-parallel world {dp_world}")
+    t.global_batch = t.micro_batch * t.grad_accum * dp_world
+
+
+def validate(opts, world_size: int) -> ParallelDims:
+    """All checks of a run on ``world_size`` processes; returns its layout (and fills the batch sizes)."""
+    from coursekit.memory.calculator import resolve_model
+    from coursekit.memory.errors import ConfigError
+    from coursekit.memory.presets import PRESETS
+
+    t = opts.train
+    if not str(t.model).endswith(".json") and t.model not in PRESETS:
+        raise ValueError(f"unknown model {t.model!r}; choose a preset ({', '.join(sorted(PRESETS))}) "
+                         "or a path to an HF config.json")
+    if opts.ckpt.save_every and not opts.ckpt.ckpt_dir:
+        raise ValueError("--save-every needs --ckpt-dir")
+    if opts.ckpt.save_every < 0:
+        raise ValueError(f"--save-every must be >= 0, got {opts.ckpt.save_every}")
+    parse_steps(opts.profile.profile_steps)
+    try:
+        dims = dims_for(opts, world_size)
+        shape = resolve_model(t.model)
+        check_model(dims, num_layers=shape.layers, num_heads=shape.heads, num_kv_heads=shape.kv_heads)
+    except (LayoutError, ConfigError) as e:
+        raise ValueError(str(e)) from None
+    if dims.pp > 1 and shape.arch != "llama":
+        raise ValueError(f"--pp splits Llama-style models; {t.model} is {shape.arch}")
+    resolve_batch(t, dims.size("batch"))
+    registry.get(opts.parallel.strategy).check(opts, dims)
+    for name in dims.enabled:
+        if name in registry.PARALLELISMS:
+            registry.parallelism(name).check(opts, dims)
+    return dims
+
+
+def data_layout(opts, dims) -> str:
+    """How a sequence is cut over the CP ranks (the layout the CP attention expects)."""
+    return registry.parallelism("cp").data_layout(opts) if dims.cp > 1 else "contiguous"
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    try:
+        a, b = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise ValueError(f"--profile-steps takes a:b (first step, step after the last), got {text!r}") from None
+    if not 0 <= a < b:
+        raise ValueError(f"--profile-steps {text}: need 0 <= a < b")
+    return a, b

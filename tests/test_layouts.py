@@ -1,0 +1,85 @@
+"""The parallel core's seams: layouts composed on one mesh equal the single-process run on every rank, and layouts
+that cannot work are refused before anything is launched."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from parity import assert_equal_to_single, baseline, train
+
+
+def test_ddp_x_tp2_on_4_processes_equals_single(no_orphans):
+    res = train("ddp", 4, "--tp", "2")
+    assert_equal_to_single(res, baseline())
+    for rec in res.results:  # ranks 0,1 and 2,3 are TP pairs; 0,2 and 1,3 replicate each other
+        f = rec["final"]
+        assert f["layout"]["tp"] == 2 and f["layout"]["dp_replicate"] == 2
+        assert f["coords"]["tp"] == rec["rank"] % 2 and f["coords"]["dp_replicate"] == rec["rank"] // 2
+        # a TP rank holds half of every q/k/v/o/gate/up/down weight and all of the rest: less than the full model
+        assert 0.5 * 4 * f["num_params"] < f["params_bytes"] < 4 * f["num_params"]
+
+
+def test_two_stage_gpipe_equals_single(no_orphans):
+    res = train("ddp", 2, "--pp", "2", "--grad-accum", "2")  # 2 micro-batches through 2 stages
+    assert_equal_to_single(res, baseline())
+    stage0, stage1 = (r["final"] for r in res.results)
+    assert stage0["params_bytes"] + stage1["params_bytes"] == 4 * stage0["num_params"]  # each stage its part
+
+
+@pytest.fixture(scope="module")
+def three_layers(tmp_path_factory):
+    from coursekit.memory import preset, to_hf_config_dict
+
+    d = to_hf_config_dict(preset("tiny-llama"))
+    d["num_hidden_layers"] = 3
+    path = tmp_path_factory.mktemp("model") / "llama-3-layers.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+def test_uneven_1f1b_pipeline_equals_single(three_layers, no_orphans):
+    """3 blocks on 2 stages (2 + 1), 4 micro-batches, the 1F1B schedule."""
+    res = train("ddp", 2, "--model", three_layers, "--pp", "2", "--grad-accum", "4", "--pp-schedule", "1f1b")
+    assert_equal_to_single(res, baseline("--model", three_layers))
+
+
+def test_stage_split_is_contiguous_and_front_loaded():
+    from coursekit.pp.stage import split
+
+    assert [list(split(3, 2, s)) for s in range(2)] == [[0, 1], [2]]
+    assert [list(split(7, 3, s)) for s in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert sorted(i for s in range(4) for i in split(10, 4, s)) == list(range(10))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--strategy", "ddp", "--nproc", "4", "--tp", "3"], "not divisible by tp 3"),
+    (["--strategy", "ddp", "--nproc", "3", "--tp", "2"], "world size 3 is not divisible by tp 2"),
+    (["--strategy", "ddp", "--tp", "8"], "4 query heads do not split over tp 8"),
+    (["--strategy", "ddp", "--pp", "4"], "2 layers cannot fill pp 4"),
+    (["--strategy", "ddp", "--nproc", "4", "--tp", "2", "--global-batch", "3"], "global batch 3 is not divisible"),
+    (["--strategy", "ddp", "--dp-shard", "2"], "dp_shard 2 needs a sharding data-parallel strategy"),
+    (["--strategy", "ddp", "--model", "tiny-gpt2", "--tp", "2"], "--tp splits Llama-style projections"),
+    (["--strategy", "ddp", "--pp-schedule", "1f1b"], "--pp-schedule belongs to pp, which this run does not use"),
+    (["--strategy", "ddp", "--profile-steps", "3:1"], "need 0 <= a < b"),
+])
+def test_impossible_layouts_are_refused_before_launch(args, needle):
+    from coursekit.train.launcher import plan
+
+    with pytest.raises(ValueError, match=needle):
+        plan(args)
+
+
+def test_refusal_at_the_cli_is_one_line_and_exit_2(no_orphans):
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", "train", "--strategy", "ddp", "--nproc", "3",
+                          "--tp", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("error: world size 3")
+
+
+def test_degrees_set_the_default_number_of_processes():
+    from coursekit.train.launcher import plan
+
+    assert plan(["--strategy", "ddp", "--tp", "2", "--pp", "2"])[2] == 4
+    assert plan(["--strategy", "ddp", "--tp", "2", "--dp-replicate", "2", "--pp", "2"])[2] == 8
+    assert plan(["--strategy", "single"])[2] == 1
