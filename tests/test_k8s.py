@@ -248,7 +248,7 @@ def test_kubectl_client_dry_run():
         assert r.returncode == 0, r.stderr
 
 
-# ---- the Job's pod command, run here -------------------------------------------------------------------------------
+# ---- the pods' command lines, run here -------------------------------------------------------------------------------
 
 TRAIN = ["--model", "tiny-llama", "--steps", "3", "--seq", "32", "--global-batch", "8", "--dtype", "fp32",
          "--seed", "3"]
@@ -258,9 +258,18 @@ TRAIN = ["--model", "tiny-llama", "--steps", "3", "--seq", "32", "--global-batch
 LOSS_ATOL = 1e-5
 
 
+def _single(tmp_path, train_args) -> dict:
+    """The baseline: one plain process (coursekit.dist's single mode), no launcher needed."""
+    base = tmp_path / "single"
+    base.mkdir()
+    subprocess.run([sys.executable, "-m", "coursekit.train", "--strategy", "single", *train_args, "--quiet"],
+                   check=True, timeout=120, cwd=REPO, env={**os.environ, "COURSEKIT_RESULTS_DIR": str(base)})
+    return json.loads((base / "rank-0.json").read_text())
+
+
 @pytest.mark.timeout(240)
 def test_indexed_job_pod_commands_train_here_and_equal_one_process(tmp_path, no_orphans):
-    from coursekit.k8s.local import run_job
+    from coursekit.k8s.local import run_pods
 
     out = tmp_path / "manifests"
     program = ["-m", "coursekit.train", "--strategy", "ddp", *TRAIN, "--ckpt-dir", "$(COURSEKIT_RUN_DIR)/checkpoints"]
@@ -269,21 +278,47 @@ def test_indexed_job_pod_commands_train_here_and_equal_one_process(tmp_path, no_
     docs = load([out / "job.yaml"])
     assert problems(docs) == []
     root = tmp_path / "node"
-    pods = run_job(docs, root=root, workdir=REPO, timeout=180, bin_dir=str(Path(sys.executable).parent))
+    pods = run_pods(docs, root=root, workdir=REPO, timeout=180, bin_dir=str(Path(sys.executable).parent))
     assert [p.returncode for p in pods] == [0, 0], "\n\n".join(p.log[-3000:] for p in pods)
     # pod index -> node rank: pod 0 is node 0 and holds global rank 0, the only rank that prints per-step lines
     assert '"step": 0' in pods[0].log and '"step": 0' not in pods[1].log
     run_dir = root / "ckpt" / "runs" / "coursekit-train"  # COURSEKIT_RUN_DIR on the shared checkpoint volume
     recs = [json.loads((run_dir / "results" / f"rank-{r}.json").read_text()) for r in range(2)]
     assert (run_dir / "checkpoints" / "step-3" / ".metadata").exists()
-    # the baseline: one plain process (coursekit.dist's single mode), no launcher needed
-    base = tmp_path / "single"
-    base.mkdir()
-    subprocess.run([sys.executable, "-m", "coursekit.train", "--strategy", "single", *TRAIN, "--quiet"], check=True,
-                   timeout=120, cwd=REPO, env={**os.environ, "COURSEKIT_RESULTS_DIR": str(base)})
-    single = json.loads((base / "rank-0.json").read_text())
+    single = _single(tmp_path, TRAIN)
     want = [s["loss"] for s in single["steps"]]
     assert len(want) == 3 and want[-1] != want[0]
     for rank, rec in enumerate(recs):  # every rank, not only rank 0
         assert rec["rank"] == rank and rec["final"]["world_size"] == 2 and rec["final"]["backend"] == "gloo"
         assert [s["loss"] for s in rec["steps"]] == pytest.approx(want, abs=LOSS_ATOL)
+
+
+@pytest.mark.slow  # ~2x the Job's test: two agents, an injected crash, a restart round and a resume (~40 s idle)
+@pytest.mark.timeout(300)
+def test_elastic_pytorchjob_pods_restart_after_a_crash_and_resume(tmp_path, no_orphans):
+    # Module 5 on the PyTorchJob's own command line: the operator's PET_* env (c10d rendezvous, PET_MAX_RESTARTS),
+    # every rank raises at step 2, torchrun restarts the workers, they resume from the step-2 checkpoint on the
+    # shared volume and finish equal to an uninterrupted single process.
+    from coursekit.k8s.local import run_pods
+
+    train = [*TRAIN[:2], "--steps", "4", *TRAIN[4:]]
+    out = tmp_path / "manifests"
+    program = ["-m", "coursekit.train", "--strategy", "ddp", *train, "--ckpt-dir", "$(COURSEKIT_RUN_DIR)/checkpoints",
+               "--save-every", "1", "--crash-at-step", "2"]
+    assert cli.main(["render", "--kind", "pytorchjob", "--image", "coursekit:test", "--namespace", "ck",
+                     "--nodes", "2", "--gpus-per-node", "0", "--max-restarts", "1", "--out", str(out),
+                     "--", *program]) == 0
+    docs = load([out / "pytorchjob.yaml"])
+    assert problems(docs) == []
+    root = tmp_path / "node"
+    pods = run_pods(docs, root=root, workdir=REPO, timeout=240, bin_dir=str(Path(sys.executable).parent))
+    logs = "\n\n".join(p.log[-3000:] for p in pods)
+    assert [p.returncode for p in pods] == [0, 0], logs
+    assert "injected failure at step 2" in logs  # it did crash, and recovered inside the job
+    run_dir = root / "ckpt" / "runs" / "coursekit-train"
+    recs = [json.loads((run_dir / "results" / f"rank-{r}.json").read_text()) for r in range(2)]
+    want = [s["loss"] for s in _single(tmp_path, train)["steps"]]
+    for rank, rec in enumerate(recs):
+        assert rec["rank"] == rank and rec["final"]["world_size"] == 2
+        assert [s["step"] for s in rec["steps"]] == [2, 3]  # the restarted workers resumed at the checkpoint
+        assert [s["loss"] for s in rec["steps"]] == pytest.approx(want[2:], abs=LOSS_ATOL)
