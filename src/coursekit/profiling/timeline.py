@@ -1,0 +1,42 @@
+"""``coursekit trace DIR --plot FILE.png``: one row pair per rank (compute, communication) over the traced steps.
+
+Uses the classification of ``coursekit.profiling.trace`` (the same events, merged the same way), matplotlib's
+Agg backend (no display needed). Time is relative to each rank's first recorded step.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot(folder, out, max_ranks: int = 16) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from coursekit.profiling import trace as T
+
+    traces = sorted((T.load(f) for f in sorted(Path(folder).glob("*.json"))), key=lambda t: t["rank"])[:max_ranks]
+    fig, ax = plt.subplots(figsize=(12, 0.9 * len(traces) + 1.2))
+    yt, yl = [], []
+    for i, tr in enumerate(traces):
+        steps = T._by_step(tr)
+        t0 = min(w[0] for w, _, _ in steps.values())
+        comp, comm = [], []
+        for w, c, m in steps.values():
+            comp += T.clip([T._span(e) for e in c], *w)
+            comm += T.clip([T._span(e) for e in m], *w)
+            ax.axvline((w[0] - t0) / 1e3, color="0.8", lw=0.8, zorder=0)
+        y = 2 * (len(traces) - 1 - i)
+        for row, iv, color in ((y + 1, comp, "tab:blue"), (y, comm, "tab:orange")):
+            ax.broken_barh([((s - t0) / 1e3, (e - s) / 1e3) for s, e in T.union(iv)], (row + 0.1, 0.8),
+                           color=color, lw=0)
+        yt += [y + 0.5, y + 1.5]
+        yl += [f"rank {tr['rank']} comm", f"rank {tr['rank']} compute"]
+    ax.set_yticks(yt, yl)
+    ax.set_xlabel("ms since the first recorded step (grey lines: step starts)")
+    ax.set_title(f"compute vs communication: {folder}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return str(out)
