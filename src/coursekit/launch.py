@@ -161,13 +161,15 @@ def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
 
 def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | None = None,
            env: dict | None = None, cwd: str | None = None, stream: bool = True, max_restarts: int = 0,
-           torchrun_args=(), check: bool = True, sandbox=None) -> LaunchResult:
+           torchrun_args=(), check: bool = True, sandbox=None, diagnose=None) -> LaunchResult:
     """Run ``target`` (a module name like ``coursekit.train`` or a path to a ``.py`` file) on ``nproc`` processes.
 
     ``timeout`` seconds (default $COURSEKIT_LAUNCH_TIMEOUT or 600) bounds the whole job. ``stream`` prints worker
     lines live, prefixed ``[rank N]``. With ``check`` a failure raises LaunchError; else the result is returned with
     its return code. ``max_restarts`` > 0 lets torchrun restart failed workers (elastic recovery).
     ``sandbox`` (a ``coursekit.course.isolation.Isolation``) runs the whole job in a fresh sandbox (grading).
+    ``diagnose`` (a folder) runs each worker under ``coursekit.profiling.frwrap``, which writes its flight-recorder
+    dump there; on a timeout every worker is asked to dump before it is stopped (``coursekit.profiling.hangs``).
     """
     nproc = default_nproc() if nproc is None else int(nproc)
     if nproc < 1:
@@ -185,6 +187,9 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "--max-restarts", str(max_restarts),
            "--tee", "3", "--log-dir", str(logdir), *map(str, torchrun_args)]
+    if diagnose:  # the wrapper runs the target and dumps the flight recorder on demand
+        cmd += ["-m", "coursekit.profiling.frwrap"]
+        env = {"COURSEKIT_FR_DIR": str(diagnose), "TORCH_FR_BUFFER_SIZE": "2000", **(env or {})}
     cmd += [target] if is_script else ["-m", target]
     cmd += [str(a) for a in args]
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -222,6 +227,10 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
         raise
     finally:
         if timed_out:
+            if diagnose:
+                from coursekit.profiling.hangs import request_dumps
+
+                request_dumps(diagnose)
             kill_tree(proc.pid)
         proc.wait()
         reader.join(timeout=10)
