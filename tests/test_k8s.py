@@ -158,6 +158,8 @@ MUTATIONS = {
                                "no rendezvous port: torchrun needs --master-port"),
     "job-service-without-port": ("job", lambda d: d[0]["spec"].pop("ports"),
                                  "Service coursekit-train: does not expose the rendezvous port 29500"),
+    "jobset-no-dns-hostnames": ("jobset", lambda d: d[0]["spec"]["network"].update(enableDNSHostnames=False),
+                                "must be pod 0 of job 0 through the JobSet's Service (coursekit-train-workers-0-0."),
     "jobset-no-container-port": ("jobset", lambda d: container(d).pop("ports"),
                                  "rendezvous port 29500 is not a containerPort"),
     "pytorchjob-no-rendezvous-port": ("pytorchjob", lambda d: container(d).pop("ports"),

@@ -20,7 +20,7 @@ import yaml
 
 from coursekit.k8s.render import CONTAINER, CONTRACT_ENV
 
-K8S_VERSIONS = ("1.31", "1.37")  # oldest with every field used here GA (podFailurePolicy era), newest in the package
+K8S_VERSIONS = ("1.31", "1.37")  # an older release still common on clusters, and the newest the package ships
 CRD_DIR = Path(__file__).parent / "crds"
 CRDS = {("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
         ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset.x-k8s.io_jobsets.yaml"}
@@ -215,6 +215,13 @@ def _pod_problems(doc: dict, where: str, tmpl: dict, docs: list[dict]) -> list[s
         out.append(f"{w}: rendezvous port {port} is not a containerPort (has {ports})")
     if _flag(args, "--node-rank") != "0":
         out.append(f"{w}: --node-rank must be $(JOB_COMPLETION_INDEX), so pod i is node i and pod 0 hosts the store")
+    if doc.get("kind") == "JobSet":
+        i = int(where.split(".")[2])
+        rj, net = doc["spec"]["replicatedJobs"][i]["name"], doc["spec"].get("network") or {}
+        want = f"{doc['metadata']['name']}-{rj}-0-0.{net.get('subdomain') or doc['metadata']['name']}"
+        if host != want or not net.get("enableDNSHostnames"):
+            out.append(f"{w}: --master-addr {host!r} must be pod 0 of job 0 through the JobSet's Service ({want}), "
+                       "with network.enableDNSHostnames true")
     if doc.get("kind") == "Job":
         sub = spec.get("subdomain")
         svc = [d for d in docs if d.get("kind") == "Service" and d["metadata"].get("name") == sub]
