@@ -8,10 +8,11 @@ independent — so before attention one all-to-all turns "my tokens, every head"
 
 Each rank then runs ordinary (causal, flash) attention over the full sequence for its a/C heads, and a second
 all-to-all brings the output back to the token split. Per layer forward: 4 all-to-alls (q, k, v, out); each rank
-sends (C-1)/C of its b·(s/C)·h elements per tensor, so the volume per link *falls* as C grows when the links are
-a fixed-bandwidth all-to-all network — the paper's argument (Jacobs et al. 2023, "DeepSpeed Ulysses: System
-Optimizations for Enabling Training of Extreme Long Sequence Transformer Models", arXiv:2309.14509, §3). The limit:
-C must divide the number of heads.
+sends (C-1)/C of its b·(s/C)·h elements per tensor, so per-rank traffic *falls* as 1/C — constant when s and C grow
+together, the paper's argument (Jacobs et al. 2023, "DeepSpeed Ulysses: System Optimizations for Enabling Training
+of Extreme Long Sequence Transformer Models", arXiv:2309.14509, §3). Ring attention's per-rank K/V traffic,
+(C-1)·2·b·(s/C)·h_kv, stays near 2·b·s·h_kv instead (``coursekit.comm.volume``). The limit: C must divide the
+number of query heads, and every rank talks to every other (all-to-all wants a full-bandwidth network, e.g. NVLink).
 
 Chunks are gathered in rank order, so the inputs use the contiguous layout (shard.py): rank r holds tokens
 [r·s/C, (r+1)·s/C), the gathered sequence is the original one and a plain causal mask is right; the work is the
