@@ -52,7 +52,7 @@ def _worker(a) -> None:
                 torch.manual_seed(0)
                 block = AttentionBlock(hidden, a.heads, a.kv_heads, fns[impl]).to(info.device)
                 x = shard(x_full, cp, rank, layout=layout_for(impl), dim=1).to(info.device)
-                step = lambda: block(x).sum().backward()  # noqa: E731
+                step = lambda block=block, x=x: block(x).sum().backward()  # noqa: E731
                 step()  # warm-up
                 times = []
                 for _ in range(a.iters):

@@ -72,7 +72,7 @@ def _equality_cases(cp, group):
         ref = _reference(*(t.float() for t in (q, k, v, do)), causal)
         scales = [1.0] * 4 if dtype == "float32" else [float(t.abs().max()) for t in ref]
         for impl, layout in [("ulysses", "contiguous"), ("ring", "zigzag"), ("ring", "contiguous")]:
-            sh = lambda t: shard(t, cp, r, layout=layout, dim=2)  # noqa: E731
+            sh = lambda t, layout=layout: shard(t, cp, r, layout=layout, dim=2)  # noqa: E731
             ql, kl, vl = (sh(t).requires_grad_() for t in (q, k, v))
             stats = {}
             with CollectiveCounter() as cc:
@@ -299,8 +299,9 @@ def test_cp_comm_counted_equals_the_volume_model(cp_run):
     fwd = volume.ulysses_attention(B, SEQ, 4, 4, D, 4, act_bytes=1, backward=False)
     assert fwd == [volume.Collective("all_to_all", B * SEQ * 4 * D // 4, 4, 4)]
     # ring: C-1 K/V block exchanges forward, each K and V of s/C tokens
+    block = 2 * B * 2 * SEQ // 4 * D  # K and V, 2 K/V heads, s/C tokens
     assert volume.ring_attention(B, SEQ, 2, D, 4, act_bytes=1, backward=False) == [
-        volume.Collective("recv", 2 * B * 2 * SEQ // 4 * D, 3, 4), volume.Collective("send", 2 * B * 2 * SEQ // 4 * D, 3, 4)]
+        volume.Collective("recv", block, 3, 4), volume.Collective("send", block, 3, 4)]
 
 
 def test_ring_zigzag_balances_causal_work(cp_run):
@@ -316,9 +317,9 @@ def test_ring_zigzag_balances_causal_work(cp_run):
             if c["cp"] == cp and c["layout"] == "contiguous":
                 assert c["stats"]["fwd_scores"] == (c["cp_rank"] + 1) * s * s, c
         # both layouts compute the same total: the causal triangle in blocks, no more
-        total = lambda lay: sum(c["stats"]["fwd_scores"] for c in rings  # noqa: E731
-                                if c["cp"] == cp and c["layout"] == lay and c["rank"] < cp and c["heads"] == 4
-                                and c["kv_heads"] == 4)
+        total = lambda lay, cp=cp: sum(c["stats"]["fwd_scores"] for c in rings  # noqa: E731
+                                       if c["cp"] == cp and c["layout"] == lay and c["rank"] < cp
+                                       and c["heads"] == 4 and c["kv_heads"] == 4)
         assert total("zigzag") == total("contiguous") == cp * (cp + 1) // 2 * s * s
 
 
@@ -412,7 +413,6 @@ def _cuda_count() -> int:
 
 
 def _gpu_worker() -> None:
-    import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh

@@ -68,10 +68,10 @@ def _tile_forward(q, k, v, scale: float, causal: bool):
     return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v), lse
 
 
-def _merge(out, lse, o, l) -> None:
-    """Online-softmax merge of a tile's (o, l) into the running (out, lse), in place (views of the accumulators)."""
-    new = torch.logaddexp(lse, l)
-    out.mul_(torch.exp(lse - new).unsqueeze(-1)).add_(o * torch.exp(l - new).unsqueeze(-1))
+def _merge(out, lse, o, o_lse) -> None:
+    """Online-softmax merge of a tile's (o, o_lse) into the running (out, lse), in place (views of the accumulators)."""
+    new = torch.logaddexp(lse, o_lse)
+    out.mul_(torch.exp(lse - new).unsqueeze(-1)).add_(o * torch.exp(o_lse - new).unsqueeze(-1))
     lse.copy_(new)
 
 
@@ -124,8 +124,8 @@ class _RingAttention(torch.autograd.Function):
             pending = _pass_on(kv, group, tag=0) if step + 1 < cp else None  # next block in flight meanwhile
             for qs, ks, diag in _tiles(rank, src, s // 2, causal, layout):
                 kb, vb = kv[0][..., ks, :].float(), kv[1][..., ks, :].float()
-                o, l = _tile_forward(qg[..., qs, :], kb, vb, scale, diag)
-                _merge(outg[..., qs, :], lse[..., qs], o, l)
+                o, o_lse = _tile_forward(qg[..., qs, :], kb, vb, scale, diag)
+                _merge(outg[..., qs, :], lse[..., qs], o, o_lse)
                 _count(stats, "fwd_scores", o, kb)
             if pending is not None:
                 kv = _wait(pending)

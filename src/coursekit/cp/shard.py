@@ -9,7 +9,8 @@ cut *the same way*, or a rank's queries meet another rank's positions. Two layou
   equal work: with contiguous chunks rank 0 attends only to itself while rank C-1 attends to everything; pairing an
   early chunk with a late one gives every rank the same number of unmasked scores. (Megatron-LM's context
   parallelism, zhuzilin/ring-flash-attention's ``zigzag_ring_flash_attn``, the Llama 3 paper (Dubey et al. 2024),
-  torch's ``context_parallel`` head-tail load balancer.) For C = 2: chunks [0 1 2 3] -> rank 0 holds [0 3], rank 1 holds [1 2].
+  torch's ``context_parallel`` head-tail load balancer.)
+  For C = 2: chunks [0 1 2 3] -> rank 0 holds [0 3], rank 1 holds [1 2].
 
 Labels: shift for next-token prediction on the *whole* sequence first (``next_token_labels``), then shard. A model
 that shifts inside its loss (HF's ``labels=``) would pair the last token of a chunk with the first token of the same
