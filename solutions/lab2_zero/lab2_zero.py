@@ -326,7 +326,7 @@ _lines = {ln["label"]: ln for ax in _axes for ln in ax["lines"]}
 assert _lines["calls"]["x"] == [1000, 100000] and _lines["calls"]["y"] == [50, 5]
 assert _lines["step ms"]["y"] == [30.0, 20.0], "step time on the second axis, only the rbs= rows"
 assert choose_bucket(_rows, 100_000) == "z2" and choose_bucket(_rows[:2], 100_000) == "rbs=1000"
-print("plot_bucket_sweep and choose_bucket: right lines and choices on three hand-made rows")
+print("bucket_tradeoff: plot_bucket_sweep and choose_bucket right on three hand-made rows")
 
 # %% nbgrader={"grade": true, "grade_id": "bucket_tradeoff_hidden", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 # Hidden tests check the choice at the budget's edge and when nothing fits.
