@@ -109,13 +109,19 @@ def _deepspeed_cases(cp, group):
         o = ulysses_attention(*ours, group=group)
         o.backward(sh(do))
         rec = {"cp": cp, "heads": a, "kv_heads": kvh}
-        if kvh >= cp:  # DistributedAttention asserts kv_heads >= its group size (no replication)
-            def local(qh, kh, vh):  # DeepSpeed hands over (b, s, heads/C, d)
-                o_ = F.scaled_dot_product_attention(qh.transpose(1, 2), kh.transpose(1, 2), vh.transpose(1, 2),
-                                                    is_causal=True, enable_gqa=qh.shape[2] != kh.shape[2])
-                return o_.transpose(1, 2)
 
-            theirs = [sh(t).transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]  # (b, s/C, h, d)
+        def local(qh, kh, vh):  # DeepSpeed hands over (b, s, heads/C, d)
+            o_ = F.scaled_dot_product_attention(qh.transpose(1, 2), kh.transpose(1, 2), vh.transpose(1, 2),
+                                                is_causal=True, enable_gqa=qh.shape[2] != kh.shape[2])
+            return o_.transpose(1, 2)
+
+        theirs = [sh(t).transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]  # (b, s/C, h, d)
+        if kvh < cp:  # DistributedAttention refuses (before any collective, on every rank alike): no replication
+            try:
+                DistributedAttention(local, group, scatter_idx=2, gather_idx=1)(*theirs, batch_dim_idx=0)
+            except AssertionError as e:
+                rec["DistributedAttention_refuses"] = str(e)
+        else:
             o2 = DistributedAttention(local, group, scatter_idx=2, gather_idx=1)(*theirs, batch_dim_idx=0)
             o2.backward(sh(do).transpose(1, 2))
             rec["DistributedAttention"] = [torch.equal(o.detach(), o2.detach().transpose(1, 2))] + [
@@ -330,8 +336,8 @@ def test_ulysses_equals_deepspeed(cp_run):
         assert r["UlyssesSPAttentionHF"] == [True] * 4, r  # out, dq, dk, dv bit-identical; kv replicated below C
         if r["kv_heads"] >= r["cp"]:
             assert r["DistributedAttention"] == [True] * 4, r
-        else:
-            assert "DistributedAttention" not in r
+        else:  # DeepSpeed's older front end does not replicate K/V heads; its HF front end (and ours) does
+            assert "must be at least the sequence parallel size" in r["DistributedAttention_refuses"], r
     # DistributedAttention ran where kv_heads >= C: MHA and GQA (kvh 2) at C=2, MHA at C=4 — on each of 4 ranks
     assert sum("DistributedAttention" in r for r in recs) == 4 * 3
 
