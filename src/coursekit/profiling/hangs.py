@@ -134,7 +134,12 @@ def diagnose(folder, *, world: int, timed_out: bool = False, failed: bool = Fals
               for r, s in side.items()}
     base = {"ranks": [], "seq": None, "ops": [], "pg": None, "timed_out": timed_out, "folder": str(folder),
             "no_dump": sorted(set(range(world)) - set(side)), "last_stack": stacks}
-    colls, text = analyse(folder, world) if list(Path(folder).glob("fr_trace_*.pkl")) else ([], "")
+    colls, text = [], ""
+    if list(Path(folder).glob("fr_trace_*.pkl")):
+        try:
+            colls, text = analyse(folder, world)
+        except Exception as e:  # the analyser gave up (a format it does not know): the other evidence remains
+            text = f"torch's flight-recorder analyser failed: {type(e).__name__}: {e}"
     base["analyser"] = text
     bad = next((c for c in colls if not c.pass_check or c.missing_ranks), None)
     if bad is not None and bad.mismatch_collectives:
