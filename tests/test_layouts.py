@@ -83,3 +83,40 @@ def test_degrees_set_the_default_number_of_processes():
     assert plan(["--strategy", "ddp", "--tp", "2", "--pp", "2"])[2] == 4
     assert plan(["--strategy", "ddp", "--tp", "2", "--dp-replicate", "2", "--pp", "2"])[2] == 8
     assert plan(["--strategy", "single"])[2] == 1
+
+
+@pytest.mark.parametrize("impl", ["ring", "ulysses"])
+def test_context_parallel_in_the_trainer_equals_single(impl, no_orphans):
+    """The sequence is split over 2 ranks (zig-zag for ring, contiguous for Ulysses) with its labels and positions."""
+    res = train("ddp", 2, "--cp", "2", "--cp-impl", impl)
+    assert_equal_to_single(res, baseline())
+    assert [r["final"]["coords"]["cp"] for r in res.results] == [0, 1]
+    # each CP rank's own loss is over its own tokens (different), their mean is the sequence's loss
+    first = [r["steps"][0]["local_loss"] for r in res.results]
+    assert first[0] != first[1]
+
+
+def test_3d_dp2_tp2_pp2_on_8_processes_equals_single(no_orphans):
+    res = train("ddp", 8, "--tp", "2", "--pp", "2", "--grad-accum", "2", timeout=600)
+    assert_equal_to_single(res, baseline())
+    coords = [r["final"]["coords"] for r in res.results]
+    assert [(c["pp"], c["dp_replicate"], c["tp"]) for c in coords] == [
+        (p, d, t) for p in range(2) for d in range(2) for t in range(2)]
+
+
+@pytest.mark.slow
+def test_4d_fsdp2_tp2_pp2_cp2_on_16_ranks_equals_single(no_orphans):
+    """FSDP2 x TP x PP x CP at once (16 processes: minutes on 2 cores, so the slow tier)."""
+    res = train("fsdp2", 16, "--dp-shard", "2", "--tp", "2", "--pp", "2", "--cp", "2", "--grad-accum", "2",
+                timeout=1200)
+    assert_equal_to_single(res, baseline())
+
+
+def test_layout_table_names_every_ranks_groups():
+    from coursekit.parallel import ParallelDims
+
+    text = ParallelDims(world_size=8, tp=2, pp=2).describe(gpus_per_node=4)
+    rows = text.splitlines()[2:]
+    assert len(rows) == 8
+    assert rows[5].split()[:5] == ["5", "1", "1", "0", "1"]  # rank 5: node 1, pp 1, dp_replicate 0, tp 1
+    assert "tp[4, 5]" in rows[5] and "pp[1, 5]" in rows[5] and "dp_replicate[5, 7]" in rows[5]

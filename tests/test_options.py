@@ -10,17 +10,19 @@ from coursekit import options
 # torchtitan's test_no_new_cli_options: a flag added or removed must be a deliberate change of this list (and of
 # the README / docs that name it), never an accident.
 FROZEN = {
-    "launcher": ["--nproc", "--timeout", "--json"],
+    "launcher": ["--nproc", "--timeout", "--json", "--max-restarts"],
     "train": ["--model", "--steps", "--seq", "--micro-batch", "--global-batch", "--grad-accum", "--microbatches",
               "--dtype", "--attention", "--lr", "--weight-decay", "--seed", "--data", "--recompute", "--compile"],
     "parallel": ["--strategy", "--dp-replicate", "--dp-shard", "--tp", "--pp", "--cp"],
     "ckpt": ["--ckpt-dir", "--save-every"],
     "profile": ["--profile-dir", "--profile-steps"],
-    "faults": ["--crash-at-step"],
+    "faults": ["--crash-at-step", "--kill-at-step", "--kill-rank", "--slow-rank", "--slow-ms"],
     "output": ["--quiet"],
     "ddp (only with ddp)": ["--bucket-mb"],
     "zero0-zero3, deepspeed (only with zero0-zero3, deepspeed)": ["--ds-config"],
     "pp (only with pp)": ["--pp-schedule"],
+    "fsdp2, hsdp (only with fsdp2, hsdp)": ["--reshard-after-forward", "--wrap", "--offload", "--prefetch"],
+    "cp (only with cp)": ["--cp-impl"],
 }
 
 

@@ -68,6 +68,11 @@ def count_parameters(model: str | dict | torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def param_numels(model: str | dict) -> list[int]:
+    """Parameter sizes of a course model in ``model.parameters()`` order (DeepSpeed's flattening order)."""
+    return [p.numel() for p in build_model(model, device="meta").parameters()]
+
+
 def blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The transformer blocks of a causal LM (Llama-style ``model.layers``, GPT-2's ``transformer.h``)."""
     base = getattr(model, "model", None) or getattr(model, "transformer", None) or model

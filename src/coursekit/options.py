@@ -92,6 +92,14 @@ class ProfilingOptions:
 class FaultOptions:
     crash_at_step: int | None = None
     """Fault injection: raise at this step unless the run resumed from a checkpoint."""
+    kill_at_step: int | None = None
+    """Fault injection: SIGKILL one worker (--kill-rank) at this step, in the first attempt only (elastic restarts)."""
+    kill_rank: int = 1
+    """The rank --kill-at-step kills."""
+    slow_rank: int | None = None
+    """Fault injection: this rank sleeps --slow-ms before every step (a straggler)."""
+    slow_ms: float = 0.0
+    """Milliseconds the --slow-rank sleeps per step."""
 
 
 @dataclass(kw_only=True)
@@ -109,6 +117,9 @@ class LaunchOptions:
     """Seconds before the whole job is stopped."""
     json: bool = False
     """Print every rank's records (steps, final) as one JSON object instead of the summary table."""
+    max_restarts: int = 0
+    """Elastic recovery: torchrun restarts every worker up to this many times when one fails (resume from
+    --ckpt-dir)."""
 
 
 CORE = {"train": TrainingOptions, "parallel": ParallelOptions, "ckpt": CheckpointOptions,

@@ -2,6 +2,10 @@
 
     ckpt = Checkpointer(dir, info); start = ckpt.resume(strategy) or 0; ...; ckpt.save(strategy, step)
 
+Each rank also saves its random-number generators (``rng-rank<R>.pt``: they differ per rank, so they are not part of
+the DCP state dict), so a resumed run draws what the uninterrupted one would have: losses after a restart are
+bit-identical. The data position needs nothing: step s always reads samples [s·G, (s+1)·G).
+
 Atomic by construction: every rank writes its shards into ``step-N/`` (``torch.distributed.checkpoint.save``), all
 ranks meet at a barrier, and only then rank 0 replaces the one-line marker ``latest`` (write-then-rename). A crash
 mid-save leaves ``latest`` pointing at the previous checkpoint, so a half-written folder is never loaded.
@@ -31,6 +35,9 @@ class Checkpointer:
         sd = strategy.state_dict()
         dcp.load(sd, checkpoint_id=str(self.dir / f"step-{last}"))
         strategy.load_state_dict(sd)
+        rng = self.dir / f"step-{last}" / f"rng-rank{self.info.rank}.pt"
+        if rng.exists():
+            set_rng_state(torch_load(rng))
         return last
 
     def due(self, step_done: int) -> bool:
@@ -41,9 +48,46 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
 
         dcp.save(strategy.state_dict(), checkpoint_id=str(self.dir / f"step-{step}"))
+        torch_save(rng_state(), self.dir / f"step-{step}" / f"rng-rank{self.info.rank}.pt")
         dist.barrier()
         if self.info.is_main:  # the marker is written last, so a crash mid-save never points at half a checkpoint
             tmp = self.dir / "latest.tmp"
             tmp.write_text(str(step))
             os.replace(tmp, self.dir / "latest")
         dist.barrier()
+
+
+def rng_state() -> dict:
+    import random
+
+    import torch
+
+    st = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    import random
+
+    import torch
+
+    torch.set_rng_state(st["torch"])
+    random.setstate(st["python"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def torch_save(obj, path) -> None:
+    import torch
+
+    tmp = Path(str(path) + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def torch_load(path):
+    import torch
+
+    return torch.load(path, weights_only=False)

@@ -1,8 +1,46 @@
-"""Fault injection for the course's recovery exercises (Module 5): fail on purpose at a chosen step."""
+"""Fault injection for the course's recovery exercises (Module 5): fail, die or lag on purpose.
+
+- ``--crash-at-step N``: a Python exception at step N (the run fails; a rerun resumes from the checkpoint).
+- ``--kill-at-step N --kill-rank R``: rank R SIGKILLs itself at step N in the first attempt only — no exception,
+  no clean-up, as when a node dies; torchrun (``--max-restarts``) restarts every worker, which resume from the last
+  complete checkpoint. The moment of the kill is written first, so the restarted run can report its recovery time.
+- ``--slow-rank R --slow-ms M``: rank R sleeps M ms before every step (a straggler the others wait for).
+"""
 from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+KILL_FILE = "killed.json"
+
+
+def restart_count() -> int:
+    """Which attempt this is under torchrun's elastic agent (0: the first)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 def maybe_crash(step: int, crash_at_step: int | None, resumed: bool) -> None:
     """Raise at ``crash_at_step`` in a run that did not resume from a checkpoint (so the resumed run finishes)."""
     if crash_at_step is not None and step == crash_at_step and not resumed:
         raise RuntimeError(f"injected failure at step {step} (--crash-at-step)")
+
+
+def maybe_kill(step: int, faults, rank: int, ckpt_dir: str | None) -> None:
+    if faults.kill_at_step is None or step != faults.kill_at_step or rank != faults.kill_rank or restart_count():
+        return
+    if ckpt_dir:
+        Path(ckpt_dir, KILL_FILE).write_text(json.dumps({"step": step, "rank": rank, "time": time.time()}))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_slow(faults, rank: int) -> None:
+    if faults.slow_rank is not None and rank == faults.slow_rank and faults.slow_ms > 0:
+        time.sleep(faults.slow_ms / 1000)
+
+
+def killed_at(ckpt_dir: str | None) -> dict | None:
+    f = Path(ckpt_dir, KILL_FILE) if ckpt_dir else None
+    return json.loads(f.read_text()) if f and f.exists() else None

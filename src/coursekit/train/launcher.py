@@ -16,14 +16,14 @@ import time
 
 
 def run_training(train_args: list[str], *, nproc: int, timeout: float = 600, stream: bool = False,
-                 progress=None) -> dict:
+                 progress=None, max_restarts: int = 0) -> dict:
     """Launch the reference trainer; returns rank 0's record plus every rank's final record and wall time."""
     from coursekit.launch import launch
 
     t0 = time.monotonic()
     args = list(train_args) if progress else ["--quiet", *train_args]
     res = launch("coursekit.train", args, nproc=nproc, timeout=timeout, stream=stream or bool(progress),
-                 on_line=progress.feed if progress else None)
+                 on_line=progress.feed if progress else None, max_restarts=max_restarts)
     if progress:
         progress.close()
     out = dict(res.results[0])
@@ -67,6 +67,13 @@ def plan(argv) -> tuple:
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
     validate(copy.deepcopy(opts), nproc)  # fail before launching anything
+    f = opts.faults
+    for name in ("kill_rank", "slow_rank"):
+        r = getattr(f, name)
+        if r is not None and not 0 <= r < nproc and (name == "slow_rank" or f.kill_at_step is not None):
+            raise ValueError(f"--{name.replace('_', '-')} {r} is not a rank of {nproc} processes")
+    if f.kill_at_step is not None and (lo.max_restarts < 1 or not opts.ckpt.ckpt_dir):
+        raise ValueError("--kill-at-step needs --max-restarts >= 1 and --ckpt-dir (the restart resumes from it)")
     return lo, opts, nproc
 
 
@@ -76,7 +83,8 @@ def main(argv=None) -> int:
 
     lo, opts, nproc = plan(list(sys.argv[1:] if argv is None else argv))
     show = not (lo.json or opts.output.quiet)
-    res = run_training(to_argv(opts), nproc=nproc, timeout=lo.timeout, progress=Progress() if show else None)
+    res = run_training(to_argv(opts), nproc=nproc, timeout=lo.timeout, progress=Progress() if show else None,
+                       max_restarts=lo.max_restarts)
     if lo.json:
         print(json.dumps({"nproc": nproc, "wall_s": res["wall_s"], "ranks": res["results"]}))
     else:

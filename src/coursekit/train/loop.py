@@ -31,7 +31,7 @@ def run(opts) -> dict:
     from coursekit.parallel.compose import parallelize
     from coursekit.profiling import maybe_profile
     from coursekit.train.checkpoint import Checkpointer
-    from coursekit.train.faults import maybe_crash
+    from coursekit.train.faults import killed_at, maybe_crash, maybe_kill, maybe_slow, restart_count
     from coursekit.train.layout import data_layout, parse_steps
     from coursekit.train.loss import global_loss
 
@@ -56,6 +56,8 @@ def run(opts) -> dict:
                            active=b - a) as prof:
             for step in range(start, t.steps):
                 maybe_crash(step, opts.faults.crash_at_step, resumed is not None)
+                maybe_kill(step, opts.faults, info.rank, opts.ckpt.ckpt_dir)
+                maybe_slow(opts.faults, info.rank)
                 sync()
                 t0 = time.perf_counter()
                 mbs = micro_batches(ds, step, micro_batch=t.micro_batch, grad_accum=t.grad_accum, rank=batch_rank,
@@ -70,6 +72,8 @@ def run(opts) -> dict:
                 if not records:  # start-up cost: from the launch (or this process's start) to the first step's end
                     t_start = float(os.environ.get("COURSEKIT_LAUNCH_T0") or psutil.Process().create_time())
                     first_step_after_s = time.time() - t_start
+                    kill = killed_at(opts.ckpt.ckpt_dir) if restart_count() else None
+                    recovery_s = time.time() - kill["time"] if kill else None
                 records.append(rec)
                 if info.is_main and not opts.output.quiet:
                     print("step " + json.dumps(dict(rec, steps=t.steps)), flush=True)
@@ -82,7 +86,8 @@ def run(opts) -> dict:
                  "layout": dims.to_dict(), "coords": dims.coords(info.rank),
                  "backend": info.backend, "device": info.device, "micro_batch": t.micro_batch,
                  "global_batch": t.global_batch, "grad_accum": t.grad_accum, "seq": t.seq,
-                 "dtype": t.dtype, "resumed_from_step": resumed,
+                 "dtype": t.dtype, "resumed_from_step": resumed, "restart_count": restart_count(),
+                 "recovery_s": recovery_s if records else None,
                  "first_step_after_s": first_step_after_s if records else None,
                  "num_params": num_params,
                  "param_sq_sum": strategy.param_sq_sum(),
