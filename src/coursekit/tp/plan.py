@@ -43,7 +43,8 @@ class TensorParallel:
         from coursekit.models import blocks
 
         mesh = self.ctx.mesh["tp"]
-        for block in blocks(model):
+        lm = model.lm if hasattr(model, "lm") else model  # a pipeline stage wraps the HF model
+        for block in blocks(lm):
             if hasattr(block, "self_attn"):  # a pipeline stage keeps placeholders for other stages' blocks
                 parallelize_module(block, mesh, self.plan())
         return model
