@@ -1,0 +1,185 @@
+"""Module 5, traces: maybe_profile's step window, the overlap arithmetic, real DDP traces, HTA, stragglers."""
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from coursekit.launch import launch, launch_code
+from coursekit.profiling import crosscheck, maybe_profile
+from coursekit.profiling import trace as T
+
+# A model big enough that an all-reduce takes milliseconds (1.2 M parameters, 4.7 MB of gradients): with 0.1 MB
+# buckets DDP starts ~40 all-reduces during backward; with one 1000 MB bucket it starts one, after backward.
+MODEL = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 512,
+         "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_dropout": 0.0}
+
+
+def ev(name, ts, dur, tid=1, cat="cpu_op"):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "cat": cat}
+
+
+def test_interval_arithmetic_counts_nested_ops_once():
+    # aten::linear (0-10) holds aten::mm (2-8): compute is 10 µs, not 16; comm 5-15 on gloo's thread
+    assert T.union([(0, 10), (2, 8), (12, 14)]) == [(0, 10), (12, 14)]
+    assert T.intersect([(0, 10), (12, 14)], [(5, 15)]) == [(5, 10), (12, 14)]
+    row = T.overlap([(0, 10), (2, 8), (12, 14)], [(5, 15)], (0, 20))
+    assert row["compute_ms"] == pytest.approx(0.012) and row["comm_ms"] == pytest.approx(0.010)
+    assert row["hidden_ms"] == pytest.approx(0.007) and row["exposed_ms"] == pytest.approx(0.003)
+    assert row["overlap_pct"] == pytest.approx(70.0)
+    assert row["idle_ms"] == pytest.approx(0.005)  # 0-20 minus busy 0-15
+
+
+def test_self_times_subtract_direct_children():
+    st = T.self_times([ev("aten::linear", 0, 10), ev("aten::mm", 2, 6), ev("aten::t", 3, 1), ev("aten::add", 12, 2)])
+    assert st == {"aten::linear": 4, "aten::mm": 5, "aten::t": 1, "aten::add": 2}
+
+
+def test_classification_of_gloo_and_main_thread_events():
+    main = (1, 1)
+    assert T.is_comm(ev("gloo:all_reduce", 0, 1, tid=9), gpu=False)
+    assert not T.is_comm(ev("c10d::allreduce_", 0, 1), gpu=False)  # the launch on the main thread
+    assert T.is_compute(ev("aten::mm", 0, 1), False, main)
+    assert not T.is_compute(ev("aten::mm", 0, 1, tid=9), False, main)  # not the training thread
+    assert T.is_comm(ev("ncclDevKernel_AllReduce_Sum_f32", 0, 1, cat="kernel"), gpu=True)
+    assert T.is_compute(ev("sm90_xmma_gemm", 0, 1, cat="kernel"), True, main)
+
+
+def test_maybe_profile_records_steps_a_to_b_and_survives_an_error(tmp_path):
+    import torch
+
+    x = torch.randn(32, 32)
+    with maybe_profile(tmp_path / "ok", 0, steps=(2, 4)) as prof:
+        for _ in range(6):
+            x @ x
+            prof.step()
+    steps = sorted(e["name"] for e in T.load(tmp_path / "ok" / "trace-rank0.json")["steps"])
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"]
+    with pytest.raises(RuntimeError, match="boom"):
+        with maybe_profile(tmp_path / "err", 0, steps=(1, 5)) as prof:
+            for i in range(6):
+                x @ x
+                if i == 2:
+                    raise RuntimeError("boom")
+                prof.step()
+    steps = sorted(e["name"] for e in T.load(tmp_path / "err" / "trace-rank0.json")["steps"])
+    assert steps == ["ProfilerStep#1", "ProfilerStep#2"]  # the steps up to the crash are written
+
+
+@pytest.fixture(scope="module")
+def ddp_traces(tmp_path_factory):
+    """Two real 2-rank DDP runs of the trainer, traced for steps 1-4: 0.1 MB buckets and one 1000 MB bucket."""
+    root = tmp_path_factory.mktemp("traces")
+    cfg = root / "model.json"
+    cfg.write_text(json.dumps(MODEL))
+    out = {}
+    for name, mb in (("small", "0.1"), ("one", "1000")):
+        out[name] = root / name
+        launch("coursekit.train", ["--strategy", "ddp", "--model", cfg, "--steps", "5", "--profile-steps", "1:5",
+                                   "--profile-dir", out[name], "--bucket-mb", mb, "--quiet"],
+               nproc=2, timeout=300, stream=False)
+    from conftest import launched_processes
+
+    assert not launched_processes()
+    return out
+
+
+@pytest.mark.slow
+def test_small_buckets_overlap_and_one_bucket_does_not(ddp_traces):
+    small, one = T.analyse(ddp_traces["small"]), T.analyse(ddp_traces["one"])
+    for res in (small, one):
+        assert [r["rank"] for r in res["ranks"]] == [0, 1]
+        assert all([s["step"] for s in r["steps"]] == [1, 2, 3, 4] for r in res["ranks"])
+
+    def median(res):  # per rank, over the 4 steps: one step disturbed by a neighbour's load does not decide it
+        return {r["rank"]: statistics.median(s["overlap_pct"] for s in r["steps"]) for r in res["ranks"]}
+
+    # small buckets: all-reduces run on gloo's threads while backward computes on the main thread (35-90 %
+    # measured per rank, lower on the rank that waits for the other)
+    assert all(v > 15 for v in median(small).values()), median(small)
+    # one bucket: its all-reduce starts when backward is over. Bound 10 %: on a CPU starved by other jobs a gloo
+    # thread can close its event some ms after the main thread has seen the result and started the optimizer
+    # (0-3 % per rank measured at load 6-20 on 2 cores, single steps up to 10 %)
+    assert all(v < 10 for v in median(one).values()), median(one)
+    for r in small["ranks"] + one["ranks"]:
+        for s in r["steps"]:  # |C ∪ M| + idle fills the step: compute + comm - hidden + idle = time
+            assert s["compute_ms"] + s["comm_ms"] - s["hidden_ms"] + s["idle_ms"] == pytest.approx(s["time_ms"])
+            assert s["top_ops"] and s["comm_ms"] > 0
+
+
+@pytest.mark.slow
+def test_trace_command_json_and_plot(ddp_traces, tmp_path):
+    png = tmp_path / "timeline.png"
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", "trace", str(ddp_traces["small"]), "--json",
+                          "--plot", str(png)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    assert res == json.loads(json.dumps(T.analyse(ddp_traces["small"]))) | {"folder": res["folder"]}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    table = subprocess.run([sys.executable, "-m", "coursekit.cli", "trace", str(ddp_traces["one"])],
+                           capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and "overlap %" in table.stdout and "straggler:" in table.stdout
+
+
+@pytest.mark.slow
+def test_hta_agrees_with_ours_on_rewritten_cpu_traces(ddp_traces, tmp_path):
+    raw = crosscheck.hta_overlap(ddp_traces["small"])  # HTA alone on a CPU trace: no GPU stream, no answer
+    assert all(math.isnan(v) for v in raw.values())
+    for name, folder in ddp_traces.items():
+        gpu = crosscheck.to_gpu_layout(folder, tmp_path / name)
+        hta, ours = crosscheck.hta_overlap(gpu), crosscheck.ours(folder)
+        assert sorted(hta) == sorted(ours) == [0, 1]
+        for r in hta:  # HTA prints two decimals; the rest is float rounding
+            assert abs(hta[r] - ours[r]) <= 0.006, (name, hta, ours)
+        # our GPU rule (nccl kernels vs other kernels) on the rewritten trace gives the CPU rule's numbers
+        assert crosscheck.ours(gpu) == pytest.approx(ours, abs=1e-9)
+        per_step = T.analyse(folder)["ranks"]
+        for r in per_step:  # steps are disjoint windows holding every classified event: totals agree
+            assert r["total"]["overlap_pct"] == pytest.approx(ours[r["rank"]], abs=0.5)
+
+
+@pytest.mark.gpu
+def test_hta_agrees_with_ours_on_native_gpu_traces(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 CUDA GPUs for an NCCL DDP run, found {torch.cuda.device_count()}")
+    cfg = tmp_path / "model.json"
+    cfg.write_text(json.dumps(MODEL))
+    launch("coursekit.train", ["--strategy", "ddp", "--model", cfg, "--steps", "6", "--profile-steps", "2:5",
+                               "--profile-dir", tmp_path / "t", "--bucket-mb", "0.1", "--quiet"],
+           nproc=2, timeout=300, stream=False, env={"COURSEKIT_DEVICE": "cuda"})
+    hta, ours = crosscheck.hta_overlap(tmp_path / "t"), crosscheck.ours(tmp_path / "t")
+    assert sorted(hta) == [0, 1] and all(abs(hta[r] - ours[r]) <= 0.5 for r in hta), (hta, ours)
+    assert all(r["device"] == "gpu" for r in T.analyse(tmp_path / "t")["ranks"])
+
+
+STRAGGLER = """
+import time, torch, torch.distributed as dist
+from coursekit import dist as ckdist
+from coursekit.profiling import maybe_profile
+info = ckdist.init()
+x, w = torch.ones(256), torch.randn(128, 128)
+with maybe_profile(r"{out}", info.rank, steps=(1, 4)) as prof:
+    for step in range(4):
+        for _ in range(3):
+            w @ w
+            if info.rank == 1:
+                time.sleep({ms} / 3000)  # rank 1 is slow: {ms} ms per step, before its all-reduces
+            dist.all_reduce(x)
+        prof.step()
+"""
+
+
+def test_traces_name_the_straggler(tmp_path, no_orphans):
+    launch_code(STRAGGLER.format(out=tmp_path, ms=90), nproc=2, timeout=180, stream=False)
+    res = T.analyse(tmp_path)
+    g = res["straggler"]
+    assert g is not None and g["rank"] == 1, res["straggler"]
+    # rank 0 waits ~90 ms per step in its all-reduces for rank 1; noise of a shared 2-core machine on top
+    assert 60 < g["slowdown_ms_per_step"] < 200, g
+    waits = {r["rank"]: r["total"]["wait_ms"] for r in res["ranks"]}
+    assert waits[0] > 3 * waits[1], waits
