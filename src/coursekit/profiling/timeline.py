@@ -1,7 +1,8 @@
 """``coursekit trace DIR --plot FILE.png``: one row pair per rank (compute, communication) over the traced steps.
 
 Uses the classification of ``coursekit.profiling.trace`` (the same events, merged the same way), matplotlib's
-Agg backend (no display needed). Time is relative to each rank's first recorded step.
+Agg backend (no display needed). Time is relative to the earliest recorded step of any rank: ranks on one host
+share a clock; across hosts the rows can be shifted by the hosts' clock offset.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ def plot(folder, out, max_ranks: int = 16) -> str:
     traces = sorted((T.load(f) for f in sorted(Path(folder).glob("*.json"))), key=lambda t: t["rank"])[:max_ranks]
     fig, ax = plt.subplots(figsize=(12, 0.9 * len(traces) + 1.2))
     yt, yl = [], []
-    for i, tr in enumerate(traces):
-        steps = T._by_step(tr)
-        t0 = min(w[0] for w, _, _ in steps.values())
+    by_step = [T._by_step(tr) for tr in traces]
+    t0 = min(w[0] for steps in by_step for w, _, _ in steps.values())
+    for i, (tr, steps) in enumerate(zip(traces, by_step)):
         comp, comm = [], []
         for w, c, m in steps.values():
             comp += T.clip([T._span(e) for e in c], *w)
@@ -34,7 +35,7 @@ def plot(folder, out, max_ranks: int = 16) -> str:
         yt += [y + 0.5, y + 1.5]
         yl += [f"rank {tr['rank']} comm", f"rank {tr['rank']} compute"]
     ax.set_yticks(yt, yl)
-    ax.set_xlabel("ms since the first recorded step (grey lines: step starts)")
+    ax.set_xlabel("ms since the first recorded step (grey lines: each rank's step starts)")
     ax.set_title(f"compute vs communication: {folder}")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
