@@ -245,10 +245,7 @@ def _worker() -> None:
 
     from coursekit import dist as ckdist
     from coursekit.launch import report
-    try:  # the DeepSpeed strategy's importer (CPU accelerator, no shm comm op build); it moves in issue #11
-        from coursekit.zero.strategy import _import_deepspeed
-    except ImportError:
-        from coursekit.zero.strategy import _import_deepspeed
+    from coursekit.zero.strategy import _import_deepspeed  # CPU accelerator, no shm comm op build
 
     with ckdist.session(seed=0) as info:
         assert info.world_size == 4, "the CP checks run on 4 processes: two CP-2 pairs and one CP-4 group"

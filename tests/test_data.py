@@ -24,16 +24,34 @@ def test_text_is_byte_windows_of_the_shipped_corpus():
 def test_ranks_partition_the_global_batch(world, accum):
     ds = make_dataset(seq_len=8, num_samples=64, seed=1)
     for step in range(3):
-        whole = torch.cat([ids for ids, _ in micro_batches(ds, step, micro_batch=8, grad_accum=1)])
-        parts = [ids for r in range(world) for ids, _ in
+        whole = torch.cat([b.input_ids for b in micro_batches(ds, step, micro_batch=8, grad_accum=1)])
+        parts = [b.input_ids for r in range(world) for b in
                  micro_batches(ds, step, micro_batch=8 // (world * accum), grad_accum=accum, rank=r, world=world)]
         assert torch.equal(torch.cat(parts), whole)  # disjoint, complete, same order
 
 
-def test_labels_are_the_inputs_for_hf_shifting():
-    ds = make_dataset(seq_len=8, num_samples=8)
-    ((ids, labels),) = micro_batches(ds, 0, micro_batch=4, grad_accum=1)
-    assert torch.equal(ids, labels)
+def test_labels_are_pre_shifted_and_positions_travel_with_the_tokens():
+    ds = make_dataset(seq_len=9, num_samples=8)  # the trainer asks for seq + 1 tokens per row
+    (b,) = micro_batches(ds, 0, micro_batch=4, grad_accum=1)
+    rows = ds[list(range(4))]["input_ids"]
+    assert b.input_ids.shape == (4, 8) and torch.equal(b.input_ids, rows[:, :-1])
+    assert torch.equal(b.labels, rows[:, 1:])  # position t is scored against token t+1: no shift in the loss
+    assert torch.equal(b.position_ids, torch.arange(8).expand(4, -1))
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_context_parallel_shards_keep_their_labels_and_positions(layout):
+    ds = make_dataset(seq_len=17, num_samples=8)
+    (full,) = micro_batches(ds, 0, micro_batch=2, grad_accum=1)
+    shards = [micro_batches(ds, 0, micro_batch=2, grad_accum=1, cp_rank=r, cp=2, cp_layout=layout)[0]
+              for r in range(2)]
+    pos = torch.cat([s.position_ids for s in shards], dim=1)
+    assert sorted(pos[0].tolist()) == list(range(16))  # the two ranks hold every position once
+    if layout == "zigzag":  # chunks of 4: rank 0 holds 0-3 and 12-15, rank 1 holds 4-11 (equal causal work)
+        assert shards[0].position_ids[0].tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    for s in shards:  # each token keeps its own label and position, wherever it went
+        idx = s.position_ids[0]
+        assert torch.equal(s.input_ids, full.input_ids[:, idx]) and torch.equal(s.labels, full.labels[:, idx])
 
 
 def test_bad_input():
