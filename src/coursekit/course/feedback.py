@@ -103,7 +103,7 @@ def sanitise(nb, lab: Lab, tests: dict[str, dict]) -> nbformat.NotebookNode:
             cell.source = strip_hidden(cell.source)
         if cell.cell_type != "code":
             continue
-        if gid in test_ids:
+        if gid in test_cells:
             t = tests.get(gid)
             if t is None:
                 text = "not graded"
