@@ -80,7 +80,12 @@ class Launch(Passthrough):
         "coursekit.profiling.hangs:main"
 
 
-COMMANDS = [Demo(), Train(), Doctor(), Memory(), Plan(), Course(), Lab(), K8s(), Trace(), Launch()]
+class Layout(Passthrough):
+    name, help, target = "layout", "which rank holds which mesh coordinate, which groups it talks in", \
+        "coursekit.layout_cli:main"
+
+
+COMMANDS = [Demo(), Train(), Doctor(), Memory(), Plan(), Layout(), Course(), Lab(), K8s(), Trace(), Launch()]
 
 
 def build_parser() -> argparse.ArgumentParser:
