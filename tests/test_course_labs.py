@@ -10,6 +10,7 @@ Tiers: a lab whose header sets ``ci_autograde: true`` is graded with nbgrader in
 slow tier (``scripts/test.sh --slow``). A new lab (``solutions/<lab>/<lab>.py``) is covered by adding its file:
 nothing here names a lab.
 """
+import html
 from pathlib import Path
 
 import nbformat
@@ -145,3 +146,41 @@ def test_feedback_hides_hidden_tests(batches, name, tier):
     for student in ("solution", "release", "partial"):
         page = (out / "feedback" / student / f"{name}.html").read_text()
         assert not [s for s in secret if s in page], f"hidden test source in {student}'s feedback"
+
+
+EXECUTED = [pytest.param(n, "default", id=f"{n}-nbgrader") for n in FAST]
+EXECUTED += [pytest.param(n, "slow", marks=pytest.mark.slow, id=f"{n}-nbgrader") for n in SLOW]
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("name,tier", EXECUTED)
+def test_executed_solution_reads_well(batches, name, tier):
+    """As nbgrader's kernel ran the solution: each passing visible test prints one short line and shows no figure,
+    every figure appears once (none from test cells), and the feedback keeps the lab's instructions and figures."""
+    from coursekit.course.feedback import strip_hidden
+
+    _, out, _ = batches(tier)
+    lab = read_lab(COURSE, name)
+    executed = nbformat.read(out / "results" / "solution" / f"{name}.ipynb", as_version=4)
+    tests = {c.grade_id: c for c in lab.cells if c.kind == "test"}
+    images = 0
+    for cell in executed.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        shown = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        images += len(shown)
+        if gid not in tests:
+            continue
+        assert not shown, f"{gid}: a test cell shows a figure"
+        code = [ln for ln in strip_hidden(tests[gid].source).split("\n") if ln.strip() and not ln.startswith("#")]
+        text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+        if code:  # a visible test: one short line
+            assert [o.output_type for o in cell.outputs] == ["stream"] and text.count("\n") == 1, (gid, text)
+            assert len(text) <= 160 and text.startswith(gid.rsplit("_visible", 1)[0].split("_")[0]), (gid, text)
+        else:  # hidden tests only: silent
+            assert cell.outputs == [], gid
+    page = (out / "feedback" / "solution" / f"{name}.html").read_text()
+    assert page.count('src="data:image/png;base64') == images
+    for c in lab.cells:
+        if c.kind == "markdown":
+            for heading in (ln.lstrip("# ").strip() for ln in c.source.split("\n") if ln.startswith("#")):
+                assert html.escape(heading, quote=False) in page, f"feedback lost the instructions {heading!r}"
