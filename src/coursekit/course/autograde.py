@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -32,9 +33,11 @@ def prepare_template(course: Course, lab: Lab, dest: Path) -> Path:
 
 
 def sandboxed_kernel(isolation, workdir: Path) -> dict:
-    """Make nbgrader start its kernel in a sandbox; returns the config sections that point it there."""
-    sock = workdir / "kernel"
-    sock.mkdir(parents=True, exist_ok=True)
+    """Make nbgrader start its kernel in a sandbox; returns the config sections that point it there.
+
+    The sockets' folder is a fresh one of its own (not inside ``workdir``, whose path and gradebook the kernel must
+    not see); the caller removes it."""
+    sock = Path(tempfile.mkdtemp(prefix="coursekit-kernel-"))
     os.chmod(sock, 0o777)  # the kernel's user creates its sockets here
     if isolation.mechanism == "subuid":
         from coursekit.course.isolation import make_reachable
@@ -69,9 +72,13 @@ def autograde(course: Course, lab: Lab, template: Path, student: str, notebook: 
     if isolation is not None and isolation.on:
         sections.update(sandboxed_kernel(isolation, workdir))
     api = nbgrader_api(course, workdir, **sections)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = api.autograde(lab.name, student, force=True, create=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = api.autograde(lab.name, student, force=True, create=True)
+    finally:
+        if "KernelManager" in sections:
+            shutil.rmtree(Path(sections["KernelManager"]["ip"]).parent, ignore_errors=True)
     out = {"success": bool(res["success"]), "error": _short_error(res), "score": None, "max_score": None,
            "cells": {}, "notebook": None}
     graded = workdir / "autograded" / student / lab.name / f"{lab.name}.ipynb"

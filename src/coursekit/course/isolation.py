@@ -111,7 +111,7 @@ class Isolation:
         import coursekit
 
         limits = limits or Limits()
-        tools = {t: shutil.which(t) for t in ("bwrap", "setpriv", "prlimit", "unshare")}
+        tools = {t: shutil.which(t) for t in ("bwrap", "setpriv", "prlimit", "unshare", "newuidmap", "env")}
         missing = [t for t in ("bwrap", "setpriv", "prlimit") if tools[t] is None]
         if missing:
             return cls("off", reason=f"{', '.join(missing)} not found (Debian: apt-get install bubblewrap "
@@ -168,8 +168,12 @@ class Isolation:
             return list(argv)
         uid = uid if uid is not None else random.randint(*self.uids)
         tool = {t: self.tools.get(t) or t for t in ("bwrap", "setpriv", "prlimit", "unshare")}
-        cmd = [tool["unshare"], "--map-auto", "--setuid", "0", "--setgid", "0", "--"] \
-            if self.mechanism == "subuid" else []
+        cmd = []
+        if self.mechanism == "subuid":  # unshare runs newuidmap from PATH (a grader's PATH may be the venv's only)
+            path = os.pathsep.join(dict.fromkeys([os.path.dirname(self.tools.get("newuidmap") or "/usr/bin/x"),
+                                                  "/usr/bin", "/bin"]))
+            cmd = [self.tools.get("env") or "env", f"PATH={path}", tool["unshare"], "--map-auto", "--setuid", "0",
+                   "--setgid", "0", "--"]
         cmd += [tool["bwrap"], "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -178,7 +182,8 @@ class Isolation:
                 cmd += ["--symlink", os.readlink(p), str(p)]
             elif p.is_dir():
                 cmd += ["--ro-bind", str(p), str(p)]
-        cmd += ["--ro-bind", "/etc", "/etc", "--ro-bind-try", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev",
+        cmd += ["--ro-bind", "/etc", "/etc", "--ro-bind", _hosts_file(), "/etc/hosts",  # its name is loopback's
+                "--ro-bind-try", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev",
                 "--perms", "1777", "--size", str(self.limits.tmp), "--tmpfs", "/tmp",
                 "--perms", "1777", "--size", str(self.limits.tmp), "--tmpfs", "/dev/shm"]
         for d in self.devices:
@@ -234,6 +239,19 @@ def for_batch(mode: str | None, *, course_root, hide=(), limits: Limits | None =
                                f"--trust-submissions to run the students' code as yourself")
 
 
+def _hosts_file() -> str:
+    """An /etc/hosts for sandboxes: their host name ``sandbox`` is 127.0.0.1 (torchrun hands workers the agent's
+    host name as MASTER_ADDR; the host's own name would point at an address the sandbox's network lacks)."""
+    path = Path(tempfile.gettempdir()) / "coursekit-sandbox-hosts"
+    text = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    return str(path)
+
+
 def make_reachable(path: Path) -> None:
     """Let bwrap reach ``path`` from a subordinate user id: search (not list) permission on the folders above it
     that this process made in the temporary folder (mkdtemp makes them 0700)."""
@@ -250,6 +268,8 @@ def sandbox_env(env: dict | None) -> dict:
     """The variables a sandboxed process gets: the allowed ones of ``env`` (default os.environ), HOME=/tmp."""
     env = os.environ if env is None else env
     out = {k: v for k, v in env.items() if k in _KEEP or k.startswith(_KEEP_PREFIX)}
+    path = [p for p in out.get("PATH", "").split(os.pathsep) if p]
+    out["PATH"] = os.pathsep.join(dict.fromkeys(path + ["/usr/local/bin", "/usr/bin", "/bin"]))  # gcc, for one
     out.update(HOME="/tmp", TMPDIR="/tmp", USER="student", LOGNAME="student", MPLCONFIGDIR="/tmp/.matplotlib",
                TORCHINDUCTOR_CACHE_DIR="/tmp/.inductor", IPYTHONDIR="/tmp/.ipython")
     return out
