@@ -4,7 +4,7 @@ import pytest
 
 from coursekit.launch import launch
 from coursekit.zero.accel_train import accelerate_launch
-from coursekit.zero.config import CONFIG_DIR
+from coursekit.zero.ds_config import CONFIG_DIR
 
 ACCEL = CONFIG_DIR.parent / "accelerate"
 ARGS = ["--steps", "3", "--seq", "32", "--global-batch", "8", "--seed", "0"]

@@ -9,7 +9,7 @@ import pytest
 from coursekit.course.authoring import read_lab
 from coursekit.course.config import Course
 from coursekit.course.recheck import recheck
-from coursekit.zero.config import build_config
+from coursekit.zero.ds_config import build_config
 
 from lab_submission import submission
 
@@ -78,7 +78,8 @@ def test_hidden_tests_catch_what_visible_tests_miss(lab, tmp_path):
 
 def test_the_budget_cannot_be_met_without_offload():
     """The budget exercise is not a trick: every stage alone is over, the reference answer is under."""
-    from coursekit.zero.layout import deepspeed_bytes, model_numels
+    from coursekit.memory.deepspeed import deepspeed_bytes
+    from coursekit.models import param_numels as model_numels
 
     numels, budget = model_numels("tiny-llama"), 600_000
     for stage in range(4):

@@ -13,8 +13,10 @@ import sys
 import pytest
 
 from coursekit.launch import launch
-from coursekit.zero import comm, layout
-from coursekit.zero.config import CONFIG_DIR, build_config, save_config
+from coursekit.memory import deepspeed as layout
+from coursekit.models import param_numels
+from coursekit.zero import collectives as comm
+from coursekit.zero.ds_config import CONFIG_DIR, build_config, save_config
 
 STEPS = 4  # ZeRO-3 settles from the third step (its parameter trace); the last step is measured and counted
 COMMON = ["--model", "tiny-llama", "--steps", str(STEPS), "--seq", "32", "--global-batch", "8", "--quiet",
@@ -112,7 +114,7 @@ FIELDS = {"params": "params_bytes", "grads": "grads_bytes", "master": "master_by
 @pytest.mark.parametrize("name", _names())
 def test_held_bytes_equal_deepspeed_layout(runs, name, no_orphans):
     stage, n, dtype, _, _ = RUNS[name]
-    numels = layout.model_numels("tiny-llama")
+    numels = param_numels("tiny-llama")
     for rank, rec in enumerate(runs(name)):
         f = rec["final"]
         assert f["num_params"] == sum(numels)
@@ -121,6 +123,8 @@ def test_held_bytes_equal_deepspeed_layout(runs, name, no_orphans):
                                       micro_batches=RUNS[name][3], **_offload(name))
         got = {k: f[v] for k, v in FIELDS.items() if want[k] is not None}
         assert got == {k: want[k] for k in got}, f"rank {rank}"
+        # where DeepSpeed keeps each category: on CPU its declared offload placement (zero/held.py: _on_host), on
+        # GPUs the tensors' devices
         assert f["tiers"] == want["tiers"], f"rank {rank}: where DeepSpeed keeps each category"
 
 
@@ -282,7 +286,7 @@ def test_sweep_builds_several_engines_in_one_launch(no_orphans):
     assert by["small"]["buffers_bytes"] == 4 * 5_000 and by["kept"]["buffers_bytes"] == 4 * 500_000
     rs = {k: by[k]["ops"]["reduce_scatter"]["calls"] for k in ("small", "kept")}
     assert rs["small"] > rs["kept"] == 1  # smaller buckets: more, smaller collectives, less memory held
-    psi = sum(layout.model_numels("tiny-llama"))
+    psi = sum(param_numels("tiny-llama"))
     # DeepSpeed's prefetch defaults gather the tiny model once per step and keep it through backward (2Ψ, not 3Ψ)
     assert by["kept"]["ops"]["all_gather"]["bytes"] == 4 * psi
     assert by["small"]["ops"]["all_gather"]["bytes"] == 2 * 4 * psi

@@ -3,15 +3,17 @@ import json
 
 import pytest
 
-from coursekit.zero import comm, config, layout
+from coursekit.memory import deepspeed as layout
+from coursekit.models import param_numels
+from coursekit.zero import collectives as comm, ds_config as config
 
 
 @pytest.mark.parametrize("name", sorted(config.STANDARD))
 def test_config_files_are_generated_from_build_config(name):
-    """configs/deepspeed/*.json has one source of truth: regenerate with `python -m coursekit.zero.config`."""
+    """configs/deepspeed/*.json has one source of truth: regenerate with `python -m coursekit.zero.ds_config`."""
     path = config.CONFIG_DIR / f"{name}.json"
     assert json.loads(path.read_text()) == config.build_config(**config.STANDARD[name]), \
-        f"{path} is out of date: run python -m coursekit.zero.config configs/deepspeed"
+        f"{path} is out of date: run python -m coursekit.zero.ds_config configs/deepspeed"
 
 
 @pytest.mark.parametrize("name", sorted(config.STANDARD))
@@ -122,12 +124,15 @@ def test_per_rank_overlap_equals_the_partition_walk():
         assert held[layout.fullest_rank(numels, n)] == max(held)
 
 
-def test_calculator_uses_deepspeeds_layout_on_every_rank():
-    """`coursekit memory` (pure Python, from the preset's tensor list) equals the layout from the real model's
-    parameters, per rank, for a model whose Ψ is not a multiple of 2N (padding) and whose boundaries straddle."""
+def test_estimate_wires_the_layout_rules_per_rank():
+    """Wiring, not an independent check: ``estimate`` and ``deepspeed_bytes`` share the rules
+    (``coursekit.memory.deepspeed``); this proves ``estimate`` reads the preset's tensor list in the real model's
+    order and reports the right rank, stage, dtype and category, for a model whose Ψ is not a multiple of 2N
+    (padding) and whose boundaries straddle. The rules themselves are checked against live DeepSpeed engines, per
+    rank and category, in test_zero.py."""
     from coursekit.memory import estimate
 
-    numels = layout.model_numels("tiny-gpt2")
+    numels = param_numels("tiny-gpt2")
     n = 3
     assert sum(numels) % (2 * n)  # padding matters
     for stage in (1, 2, 3):
@@ -146,13 +151,13 @@ def test_calculator_uses_deepspeeds_layout_on_every_rank():
     assert estimate("tiny-gpt2", batch=1, seq=16, dp=n, zero=2).categories["gradients"] == max(grads)
 
 
-def test_calculator_offload_host_side_is_deepspeeds():
-    """ZeRO-Offload stages 1-2: host = fp32 master + states + fp32 grad partition + DeepSpeed's staging copy of the
+def test_estimate_wires_the_offload_host_side():
+    """Wiring (the same rules on both sides; the live comparison is in test_zero.py). ZeRO-Offload stages 1-2: host = fp32 master + states + fp32 grad partition + DeepSpeed's staging copy of the
     partition and one largest-parameter gradient buffer (+ accumulated gradients with several micro-batches); the
     accelerator keeps one largest-parameter gradient buffer."""
     from coursekit.memory import estimate
 
-    numels = layout.model_numels("tiny-llama")
+    numels = param_numels("tiny-llama")
     for stage in (1, 2):
         for m in (1, 2):
             want = layout.deepspeed_bytes(numels, stage=stage, world=2, rank=1, offload_optimizer="cpu",
@@ -172,7 +177,7 @@ def test_calculator_nvme_files_follow_deepspeeds_swap_rules():
 
     kw = dict(batch=1, seq=16, dp=2, zero=3, offload="nvme", offload_params="nvme")
     tiny = estimate("tiny-llama", **kw)
-    part = sum(-(-x // 2) for x in layout.model_numels("tiny-llama"))
+    part = sum(-(-x // 2) for x in param_numels("tiny-llama"))
     assert tiny.nvme_bytes == 0 and tiny.cpu_bytes == (2 + 4 + 8 + 4) * part  # all on the host
     wide = ModelShape(arch="llama", layers=2, hidden=528, heads=8, ffn=1100, vocab=4001, max_positions=128)
     files = nvme_file_bytes(wide.param_numels(), world=2)

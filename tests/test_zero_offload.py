@@ -19,8 +19,9 @@ import pytest
 
 from coursekit.launch import launch
 from coursekit.memory import estimate
-from coursekit.zero import layout
-from coursekit.zero.config import CONFIG_DIR, build_config, save_config
+from coursekit.memory import deepspeed as layout
+from coursekit.models import param_numels
+from coursekit.zero.ds_config import CONFIG_DIR, build_config, save_config
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def test_cpu_offload_with_deepspeed_cpu_adam(ddp, name, stage, no_orphans, capsy
     recs = _train("--strategy", "deepspeed", "--ds-config", CONFIG_DIR / f"{name}.json")
     with capsys.disabled():
         print(f"\n[{name}] {time.monotonic() - t0:.0f} s{'' if cached else ' including the DeepSpeedCPUAdam build'}")
-    numels = layout.model_numels("tiny-llama")
+    numels = param_numels("tiny-llama")
     for rank, rec in enumerate(recs):
         f = rec["final"]
         assert [s["loss"] for s in rec["steps"]] == pytest.approx(ddp, abs=LOSS_ATOL)

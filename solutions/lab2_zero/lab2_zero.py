@@ -40,8 +40,9 @@ from coursekit.course.testing import describe_figure
 from coursekit.course.wire import close
 from coursekit.launch import launch
 from coursekit.models import count_parameters
-from coursekit.zero import layout
-from coursekit.zero.config import build_config, save_config
+from coursekit.memory import deepspeed as layout  # DeepSpeed's exact layout, pure Python
+from coursekit.models import param_numels
+from coursekit.zero.ds_config import build_config, save_config
 
 MODEL = "tiny-llama"
 PSI = 125_248  # count_parameters("tiny-llama"): 2 layers, hidden 64, vocabulary 256
@@ -150,7 +151,7 @@ for _n in (2, 4, 8):
 # gradient of every parameter that *overlaps* its slice — a parameter straddling a boundary is kept by both
 # neighbours.
 #
-# Write `grad_partition_bytes(numels, world, rank, dtype_bytes)`; `layout.model_numels("tiny-llama")` lists the
+# Write `grad_partition_bytes(numels, world, rank, dtype_bytes)`; `param_numels("tiny-llama")` lists the
 # real model's parameter sizes. (Leave out one detail: the rank whose slice ends in the padding also keeps a zero
 # tensor of that many elements.)
 
@@ -173,14 +174,14 @@ def grad_partition_bytes(numels: list, world: int, rank: int, dtype_bytes: int =
 
 # %% nbgrader={"grade": true, "grade_id": "grad_partition_bytes_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert grad_partition_bytes([6, 6, 4], 2, 0) == 48 and grad_partition_bytes([6, 6, 4], 2, 1) == 40
-_tiny = layout.model_numels(MODEL)
+_tiny = param_numels(MODEL)
 assert [grad_partition_bytes(_tiny, 2, r) for r in (0, 1)] == [266_752, 250_624], "measured on tiny-llama, fp32"
 print("grad_partition_bytes: 266,752 B on rank 0 and 250,624 B on rank 1, as DeepSpeed holds them")
 
 # %% nbgrader={"grade": true, "grade_id": "grad_partition_bytes_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests use other layouts (padding, parameters spanning several partitions) and world sizes.
 ### BEGIN HIDDEN TESTS
-for _numels, _n in (([7, 3, 100, 1, 1], 4), ([1000], 8), ([3, 3, 3], 2), (layout.model_numels(MODEL), 4)):
+for _numels, _n in (([7, 3, 100, 1, 1], 4), ([1000], 8), ([3, 3, 3], 2), (param_numels(MODEL), 4)):
     for _r in range(_n):
         _want = 2 * sum(_numels[i] for i in layout.partition_params(_numels, _n, _r))
         assert grad_partition_bytes(_numels, _n, _r, 2) == _want, f"{len(_numels)} tensors, {_n} ranks, rank {_r}"
@@ -198,7 +199,7 @@ for _rank in (0, 1):
     _z2 = next(_r for _r in stage_ranks[_rank] if _r["name"] == "zero2")
     _calc = estimate(MODEL, batch=4, seq=32, dtype="fp32", dp=2, zero=2, dp_rank=_rank).categories["gradients"]
     try:
-        _yours = f"{grad_partition_bytes(layout.model_numels(MODEL), 2, _rank):,}"
+        _yours = f"{grad_partition_bytes(param_numels(MODEL), 2, _rank):,}"
     except NotImplementedError:
         _yours = "(not written yet)"
     print(f"ZeRO-2 rank {_rank}: measured {_z2['grads_bytes']:,} B of gradients, coursekit memory {_calc:,}, "
@@ -415,7 +416,7 @@ assert _e["bound"] == "cpu" and close(_e["step_s"], 2.0) and close(_e["gpu_busy"
 
 # %% nbgrader={"grade": false, "grade_id": "accelerate_demo", "locked": true, "schema_version": 3, "solution": false}
 from coursekit.zero.accel_train import accelerate_launch
-from coursekit.zero.config import CONFIG_DIR
+from coursekit.zero.ds_config import CONFIG_DIR
 
 ACCELERATE_CONFIGS = CONFIG_DIR.parent / "accelerate"
 

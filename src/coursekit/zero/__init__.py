@@ -1,8 +1,8 @@
 """ZeRO with DeepSpeed (Lab 2): config builder, what an engine really holds, collectives per step, sweeps.
 
-- ``config``: ``build_config(stage, ...)`` for notebooks; ``finalize`` writes the trainer's batch and dtype in.
+- ``ds_config``: ``build_config(stage, ...)`` for notebooks; ``finalize`` writes the trainer's batch and dtype in.
 - ``held``: per-rank bytes a live engine holds, by category and tier (accelerator / cpu / nvme).
-- ``comm``: the collectives DeepSpeed issues per step, compared with ``coursekit.comm.volume``.
+- ``collectives``: the collectives DeepSpeed issues per step, compared with ``coursekit.comm.volume``.
 - ``sweep``: bucket / prefetch / overlap sweeps and the benchmark table.
 
 Only ``config`` is pure Python; the others import torch (and DeepSpeed when an engine is passed in).

@@ -40,7 +40,7 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
 
     from coursekit.dist import free_port
     from coursekit.launch import RESULTS_ENV, kill_tree
-    from coursekit.zero.config import CONFIG_DIR
+    from coursekit.zero.ds_config import CONFIG_DIR
 
     config = Path(config).resolve()
     if cwd is None and (CONFIG_DIR.parents[1] / "configs").is_dir():

@@ -108,7 +108,9 @@ def _inner_optimizer(engine):
 
 
 def _on_host(engine, cat: str, path: str) -> bool:
-    """On a CPU-only machine: does DeepSpeed's offload decision put this structure on the host?"""
+    """On a CPU-only machine every tensor's device is the CPU, so "host" vs "accelerator" cannot be observed there:
+    this reads DeepSpeed's own offload decision (its flags and the names of its host buffers). On GPUs ``held_bytes``
+    uses the tensor's device instead."""
     opt = engine.optimizer
     if re.search(_HOST_BUFFERS, path):
         return True

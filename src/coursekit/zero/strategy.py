@@ -10,7 +10,7 @@ scales by 1/grad-accum and reduces gradients in buckets (ZeRO-2/3: each rank kee
 itself, so ``step()`` runs after every micro-batch; it only updates weights on the last one.
 
 The config: ``--ds-config`` or ``configs/deepspeed/zero<N>.json``; the trainer writes its batch and ``--dtype`` in
-(``coursekit.zero.config.finalize``). ``--dtype bf16`` is DeepSpeed's ``bf16.enabled`` (bf16 weights and
+(``coursekit.zero.ds_config.finalize``). ``--dtype bf16`` is DeepSpeed's ``bf16.enabled`` (bf16 weights and
 gradients, fp32 master partition), not autocast.
 
 Measured step (the last): every rank records what DeepSpeed holds (``coursekit.zero.held``) when the last gradient
@@ -52,7 +52,7 @@ class ZeRO(Strategy):
     @classmethod
     def _config(cls, ds_config: str | None) -> tuple[str | None, dict]:
         """(path or None, raw config) for this stage; refuses a missing file or a config of another stage."""
-        from coursekit.zero import config as zc
+        from coursekit.zero import ds_config as zc
 
         if cls.stage is None and not ds_config:
             raise ValueError("--strategy deepspeed takes its stage from a config: pass --ds-config FILE.json")
@@ -77,7 +77,7 @@ class ZeRO(Strategy):
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module) -> None:
-        from coursekit.zero import config as zc
+        from coursekit.zero import ds_config as zc
 
         deepspeed = _import_deepspeed(self.info.device)
         a = self.opts.train
@@ -163,7 +163,7 @@ class ZeRO(Strategy):
         self._step += 1
 
     def _nvme_args(self) -> dict:
-        from coursekit.zero.config import offload_devices
+        from coursekit.zero.ds_config import offload_devices
 
         zero = self.ds_config.get("zero_optimization", {})
         if "nvme" not in offload_devices(self.ds_config).values():
@@ -178,7 +178,7 @@ class ZeRO(Strategy):
         master, optimizer states and the fp32 gradient partition inside the optimizer step. Every category at all
         three moments is in ``zero_held``. ``params_bytes`` / ``grads_bytes`` / ``optimizer_bytes`` keep the
         trainer's meaning."""
-        from coursekit.zero.config import offload_devices
+        from coursekit.zero.ds_config import offload_devices
         from coursekit.zero.held import num_params
 
         ab = self._snapshots.get("after_backward", {})

@@ -56,7 +56,7 @@ def _one(point: dict, a, info) -> dict:
     from coursekit.models import build_model
     from coursekit.options import build
     from coursekit.parallel.api import Context
-    from coursekit.zero.config import build_config, stage_of
+    from coursekit.zero.ds_config import build_config, stage_of
     from coursekit.zero.strategy import ZeRO
 
     cfg = point.get("config") or build_config(point["stage"], dtype=point.get("dtype", "fp32"),

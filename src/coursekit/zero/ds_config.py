@@ -190,7 +190,7 @@ def offload_devices(cfg: dict) -> dict:
 
 
 # The files in configs/deepspeed/, generated from build_config (tests/test_zero_config.py keeps them in sync):
-#   python -m coursekit.zero.config configs/deepspeed
+#   python -m coursekit.zero.ds_config configs/deepspeed
 NVME_PATH = "/tmp/coursekit-nvme"
 STANDARD = {
     "zero0": dict(stage=0),
