@@ -21,24 +21,32 @@ import time
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network, collectives_from_rows
 
 
-def _best(fn, reps: int, inner: int) -> float:
-    best = float("inf")
+def _sustained(fn, reps: int = 5, window: float = 0.2) -> float:
+    """Seconds per call, sustained: each of ``reps`` trials runs ``fn`` for at least ``window`` seconds (about a
+    training step), and the median trial counts. On a shared CPU this sees the same contention as a step does; the
+    best of short trials would see an idle core."""
+    import statistics
+
+    trials = []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(inner):
+        n, t0 = 0, time.perf_counter()
+        while True:
             fn()
-        best = min(best, (time.perf_counter() - t0) / inner)
-    return best
+            n += 1
+            dt = time.perf_counter() - t0
+            if dt >= window:
+                break
+        trials.append(dt / n)
+    return statistics.median(trials)
 
 
 def matmul_rate(n: int, *, reps: int = 5, dtype=None) -> float:
-    """FLOP/s of an n x n x n matmul on this process's threads (best of ``reps``)."""
+    """FLOP/s of an n x n x n matmul on this process's threads (sustained, see ``_sustained``)."""
     import torch
 
     a = torch.randn(n, n, dtype=dtype or torch.float32)
     b = torch.randn(n, n, dtype=dtype or torch.float32)
-    inner = max(1, int(2e8 // (2 * n ** 3)))
-    return 2 * n ** 3 / _best(lambda: a @ b, reps, inner)
+    return 2 * n ** 3 / _sustained(lambda: a @ b, reps)
 
 
 def memory_bandwidth(nbytes: int = 64 * 2**20, reps: int = 5) -> float:
@@ -47,22 +55,43 @@ def memory_bandwidth(nbytes: int = 64 * 2**20, reps: int = 5) -> float:
 
     n = nbytes // 4
     a, b, c = torch.ones(n), torch.ones(n), torch.empty(n)
-    return 3 * nbytes / _best(lambda: torch.add(a, b, out=c), reps, 3)
+    return 3 * nbytes / _sustained(lambda: torch.add(a, b, out=c), reps)
 
 
-def op_overhead(n_ops: int = 200, reps: int = 5) -> float:
-    """Seconds per kernel of a chain of tiny autograd ops (forward and backward kernels counted separately)."""
+def op_overhead(n_blocks: int = 20, reps: int = 5) -> float:
+    """Seconds per aten op of eager PyTorch module code on tiny tensors, forward and backward: a stack of small
+    blocks written as transformers writes a layer (a Python RMSNorm, a Linear, SiLU, a residual), timed and divided
+    by the aten ops a TorchDispatchMode counts in it. On a CPU this dispatch + autograd + module overhead, not the
+    arithmetic, is what a tiny model's step is made of."""
     import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    x = torch.ones(16, requires_grad=True)
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(16))
+            self.lin = torch.nn.Linear(16, 16, bias=False)
 
-    def chain():
-        y = x
-        for _ in range(n_ops):
-            y = y * 1.0001
-        y.sum().backward()
+        def forward(self, x):
+            n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.w
+            return x + torch.nn.functional.silu(self.lin(n)).view(4, 16).contiguous()
 
-    return _best(chain, reps, 1) / (2 * n_ops)
+    net = torch.nn.Sequential(*[Block() for _ in range(n_blocks)])
+    x = torch.ones(4, 16)
+
+    def step():
+        net(x).sum().backward()
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        step()
+    return _sustained(step, reps) / _Count.n
 
 
 def measure_host(nproc: int = 2, *, sizes: str = "16K..4M", iters: int = 5, timeout: float = 300,

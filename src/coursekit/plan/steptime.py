@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from coursekit.comm.volume import busbw_factor
 from coursekit.flops import flops_per_step
@@ -45,7 +46,11 @@ from coursekit.plan.layout import Layout
 
 E_H = 32  # hidden-vector reads+writes per token per layer, fwd+bwd (2 norms, 2 residuals, rotary, dropout, casts)
 E_F = 8  # MLP-width reads+writes per token per layer (activation fn and gate product, fwd+bwd)
-OPS_PER_LAYER = 100  # non-GEMM kernels per layer, forward + backward (unfused HF-style modules)
+# Kernels (aten ops) per step, counted with a TorchDispatchMode on HF LlamaForCausalLM (transformers 5, sdpa):
+# 211 per layer forward + backward (73 + 138), 79 for embedding, head and loss, 10 per parameter tensor in torch's
+# single-tensor AdamW. Each costs at least kernel_floor_s: what a tiny model is made of; a large one never notices.
+OPS_PER_LAYER = 211
+OPS_OUTSIDE_LAYERS = 79
 LOSS_PASSES = 6  # fp32 logits: upcast, log-softmax, its backward
 SCORE_PASSES = 12  # eager attention: s x s scores written/read by scale, mask, softmax, dropout, fwd + bwd
 OPT_BYTES = 32  # AdamW per parameter: fp32 master, m, v read + write (24), fp32 grad read (4), bf16 param (2+2)
@@ -106,9 +111,15 @@ class Links:
         self.deg = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
                     "cp": layout.cp, "tp": layout.tp}
         self.c = cluster
+        self._memo: dict = {}
 
     def placement(self, axes: tuple) -> tuple[int, int, int]:
         """(group size, members per node, nodes spanned) of a group made of contiguous mesh ``axes``."""
+        if axes not in self._memo:
+            self._memo[axes] = self._placement(axes)
+        return self._memo[axes]
+
+    def _placement(self, axes: tuple) -> tuple[int, int, int]:
         inner = self.ORDER[self.ORDER.index(axes[-1]) + 1:]
         stride = math.prod(self.deg[a] for a in inner)
         n = math.prod(self.deg[a] for a in axes)
@@ -149,9 +160,15 @@ class Links:
         return calls * (alpha + nbytes / bw)
 
 
+@lru_cache(maxsize=4096)
 def _stage_tensors(shape, stage_layers: int) -> int:
     per_layer, first, last = shape.local_tensors()
     return stage_layers * per_layer + max(first, last)
+
+
+@lru_cache(maxsize=4096)
+def _flops(shape, batch: int, seq: int, recompute: str) -> float:
+    return flops_per_step(shape, batch, seq, recompute=recompute)["total"]
 
 
 # -- the model ---------------------------------------------------------------------------------------------------------
@@ -217,7 +234,8 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
 
     # one micro-batch on the busiest (last) stage
     stage_layers = math.ceil(shape.layers / pp)
-    head = 3 * gemm_time(t, h, V / tp, hw, dtype) + LOSS_PASSES * t * V / tp * 4 / (hw.hbm_bw * HBM_FRACTION)
+    head = 3 * gemm_time(t, h, V / tp, hw, dtype) + max(LOSS_PASSES * t * V / tp * 4 / (hw.hbm_bw * HBM_FRACTION),
+                                                        OPS_OUTSIDE_LAYERS * hw.kernel_floor_s)
     compute_mb = stage_layers * layer + head
     pp_s = 0.0
     if pp > 1:
@@ -268,8 +286,8 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
 
     tokens = global_batch * seq
     gpus = L.world
-    mflops = flops_per_step(shape, global_batch, seq)["total"]
-    hflops = flops_per_step(shape, global_batch, seq, recompute=L.recompute)["total"]
+    mflops = _flops(shape, global_batch, seq, "none")
+    hflops = _flops(shape, global_batch, seq, L.recompute)
     peak = hw.peak(dtype)
     exposed = {"tp": m * stage_layers * tp_s, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
                "dp": m * fsdp_mb + step_dp}
