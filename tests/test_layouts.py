@@ -104,6 +104,11 @@ def test_3d_dp2_tp2_pp2_on_8_processes_equals_single(no_orphans):
         (p, d, t) for p in range(2) for d in range(2) for t in range(2)]
 
 
+def test_pipeline_x_context_parallel_equals_single(no_orphans):
+    """Position ids reach every pipeline stage (a CP shard starts mid-sequence; RoPE needs the true positions)."""
+    assert_equal_to_single(train("ddp", 4, "--pp", "2", "--cp", "2", "--grad-accum", "2"), baseline())
+
+
 @pytest.mark.slow
 def test_4d_fsdp2_tp2_pp2_cp2_on_16_ranks_equals_single(no_orphans):
     """FSDP2 x TP x PP x CP at once (16 processes: minutes on 2 cores, so the slow tier)."""

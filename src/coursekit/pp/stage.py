@@ -32,8 +32,11 @@ class StageModule(nn.Module):
         super().__init__()
         self.lm, self.first, self.last = lm, first, last
 
-    def forward(self, x):
-        h = self.lm.model(**({"input_ids": x} if self.first else {"inputs_embeds": x})).last_hidden_state
+    def forward(self, x, position_ids=None):
+        # position ids come to every stage from outside (a context-parallel shard starts mid-sequence, and RoPE
+        # rotates each token at its true position in every block)
+        inputs = {"input_ids": x} if self.first else {"inputs_embeds": x}
+        h = self.lm.model(**inputs, position_ids=position_ids).last_hidden_state
         return (self.lm.lm_head(h) if self.last else h).contiguous()  # gloo sends contiguous tensors only
 
 
@@ -92,14 +95,15 @@ class Pipeline:
     def train_step(self, strategy, micro_batches: list) -> torch.Tensor | None:
         x = torch.cat([b.input_ids for b in micro_batches])
         y = torch.cat([b.labels for b in micro_batches])
+        pos = torch.cat([b.position_ids for b in micro_batches])  # kwargs reach every stage, split like x
         losses: list = []
         with strategy.autocast():
             if self.stage_index == 0:
-                self.schedule.step(x, target=y if self.num_stages == 1 else None)
+                self.schedule.step(x, target=y if self.num_stages == 1 else None, position_ids=pos)
             elif self.stage_index == self.num_stages - 1:
-                self.schedule.step(target=y, losses=losses)
+                self.schedule.step(target=y, losses=losses, position_ids=pos)
             else:
-                self.schedule.step()
+                self.schedule.step(position_ids=pos)
         if not losses:
             return None
         return torch.stack([l.detach().float() for l in losses]).mean()
