@@ -128,7 +128,7 @@ def test_instructor_runs_the_solution_notebook(browser, server):
 
 def test_formgrader_assignment_list_and_saving_a_lab(browser, server):
     page = _open(browser, server, "labs/lab2_zero/lab2_zero.ipynb")
-    page.locator(".jp-Notebook").first.click()
+    page.locator(".jp-Notebook:visible").first.click()  # the workspace may hold hidden tabs of earlier pages
     page.keyboard.press("Control+s")
     page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
     time.sleep(1)
