@@ -30,8 +30,10 @@ def run(opts) -> dict:
     from coursekit.parallel.api import Context
     from coursekit.parallel.compose import parallelize
     from coursekit.profiling import maybe_profile
+    from coursekit.profiling.mfu import device_peak, step_flops, typical_step_time, utilisation
+    from coursekit.profiling.stragglers import CollectiveRecorder, gather_and_find
     from coursekit.train.checkpoint import Checkpointer
-    from coursekit.train.faults import killed_at, maybe_crash, maybe_kill, maybe_slow, restart_count
+    from coursekit.train.faults import kill_in_save, killed_at, maybe_crash, maybe_kill, maybe_slow, restart_count
     from coursekit.train.layout import data_layout, parse_steps
     from coursekit.train.loss import global_loss
 
@@ -52,18 +54,20 @@ def run(opts) -> dict:
         records, tokens_per_step = [], t.global_batch * t.seq
         a, b = parse_steps(opts.profile.profile_steps)
         sync = torch.cuda.synchronize if info.device.startswith("cuda") else (lambda: None)
-        with maybe_profile(opts.profile.profile_dir, info.rank, wait=max(a - 1, 0), warmup=min(a, 1),
-                           active=b - a) as prof:
+        colls = CollectiveRecorder(getattr(strategy, "model", None))  # collective durations per step: who waits (profiling.stragglers)
+        in_save = kill_in_save(opts.faults, info.rank, opts.ckpt.ckpt_dir)
+        with maybe_profile(opts.profile.profile_dir, info.rank, steps=(a, b)) as prof:
             for step in range(start, t.steps):
                 maybe_crash(step, opts.faults.crash_at_step, resumed is not None)
                 maybe_kill(step, opts.faults, info.rank, opts.ckpt.ckpt_dir)
-                maybe_slow(opts.faults, info.rank)
                 sync()
                 t0 = time.perf_counter()
+                maybe_slow(opts.faults, info.rank)  # inside the step: a straggler's step is longer
                 mbs = micro_batches(ds, step, micro_batch=t.micro_batch, grad_accum=t.grad_accum, rank=batch_rank,
                                     world=dims.size("batch"), cp_rank=cp_rank, cp=dims.cp, cp_layout=cp_layout,
                                     device=info.device)
-                local = strategy.train_step(mbs, measure=step == t.steps - 1)
+                with colls.step():
+                    local = strategy.train_step(mbs, measure=step == t.steps - 1)
                 sync()
                 dt = time.perf_counter() - t0
                 rec = {"step": step, "loss": global_loss(local, ctx),
@@ -79,9 +83,12 @@ def run(opts) -> dict:
                     print("step " + json.dumps(dict(rec, steps=t.steps)), flush=True)
                 prof.step()
                 if ckpt and ckpt.due(step + 1):
-                    ckpt.save(strategy, step + 1)
+                    ckpt.save(strategy, step + 1, before_marker=in_save)
         if ckpt and records and ckpt.latest() != t.steps:
-            ckpt.save(strategy, t.steps)
+            ckpt.save(strategy, t.steps, before_marker=in_save)
+        use = (utilisation(step_flops(opts), step_time_s=typical_step_time(records), devices=info.world_size,
+                           peak=device_peak(info.device, t.dtype)) if records else {})
+        stragglers = gather_and_find(records, info.rank, colls)
         final = {"strategy": opts.parallel.strategy, "model": t.model, "world_size": info.world_size,
                  "layout": dims.to_dict(), "coords": dims.coords(info.rank),
                  "backend": info.backend, "device": info.device, "micro_batch": t.micro_batch,
@@ -91,6 +98,7 @@ def run(opts) -> dict:
                  "first_step_after_s": first_step_after_s if records else None,
                  "num_params": num_params,
                  "param_sq_sum": strategy.param_sq_sum(),
+                 **use, "stragglers": stragglers,
                  **(strategy.last_state_bytes or {})}
         # free the wrapped model (DDP's reducer, DeepSpeed's engine) while the process group still exists: left to
         # the garbage collector after teardown, a gloo reducer's destructor can block forever
