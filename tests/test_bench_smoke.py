@@ -103,15 +103,14 @@ def test_bench_grading_on_the_toy_course(tmp_path):
     import test_course_toy as toy  # the course tests' toy lab: square (2 points) and hypot (3 points)
 
     toy.make_course(tmp_path / "course")
-    d = json.loads(bench("bench_grading.py", "--root", str(tmp_path / "course"), "--lab", "toy", "--students", "4",
+    d = json.loads(bench("bench_grading.py", "--root", str(tmp_path / "course"), "--lab", "toy", "--students", "2",
                          "--jobs", "2", "--no-nbgrader", "--skip-single", "--json"))
     (batch,) = d["batch"]
-    assert batch["submissions"] == 4 and batch["jobs"] == 2 and batch["wall_s"] > 0 and batch["per_minute"] > 0
+    assert batch["submissions"] == 2 and batch["jobs"] == 2 and batch["wall_s"] > 0 and batch["per_minute"] > 0
     rows = sorted(batch["rows"], key=lambda r: r["student"])
-    # solution, partial (the first half of the exercises: square), solution, release
+    # the solution, then a partial one (the first half of the exercises: square); two, to keep it cheap
     assert [(r["student"], r["status"], r["score"]) for r in rows] == [
-        ("student00-solution", "graded", 5), ("student01-partial", "graded", 2),
-        ("student02-solution", "graded", 5), ("student03-release", "graded", 0)], rows
+        ("student00-solution", "graded", 5), ("student01-partial", "graded", 2)], rows
     assert all(r["seconds"] > 0 and r["recheck_s"] > 0 and r["autograde_s"] is None for r in rows)
 
 

@@ -96,6 +96,17 @@ def test_bad_input_one_message_exit_2(capsys, argv, needle):
     assert err.count("\n") == 1 and err.startswith("error: ") and needle in err
 
 
+def test_coursekit_plan_is_a_registered_command():
+    ok = subprocess.run([sys.executable, "-m", "coursekit.cli", "plan", "--model", "llama3.2-1b", "--gpus", "8",
+                         "--seq", "2048", "--global-batch", "16", "--top", "1", "--json"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0 and len(json.loads(ok.stdout)) == 1
+    bad = subprocess.run([sys.executable, "-m", "coursekit.cli", "plan", "--model", "llama3.2-1b", "--gpus", "8",
+                          "--gpu", "TPU-v9", "--seq", "2048", "--global-batch", "16"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stdout == "" and "unknown GPU 'TPU-v9'" in bad.stderr
+
+
 def test_no_fit_names_the_smallest_extra_memory():
     from coursekit.plan import NoFit
 
@@ -191,7 +202,7 @@ def _shape(name):
     return resolve_model(name)
 
 
-# -- hardware presets and overrides --------------------------------------------------------------------------------------
+# -- hardware presets and overrides ------------------------------------------------------------------------------------
 def test_presets_cite_sources_and_cover_the_required_gpus():
     for name in ("A100-40GB", "A100-80GB", "H100-80GB", "H100-PCIe", "H200", "MI300X"):
         hw = hardware(name)
@@ -269,24 +280,30 @@ SLOW_ROWS = [("zero1", 2), ("zero2", 2), ("zero3", 2)]
 
 @pytest.fixture(scope="module")
 def measured():
-    """This machine's rates (one 2-process comm benchmark) and the trainer runs, shared by the tests below."""
-    from coursekit.plan.measure import measure_host
+    """This machine's gloo collectives (one 2-process comm benchmark), shared by the tests below with their runs."""
+    from coursekit.plan.measure import measure_collectives
 
-    hw, net = measure_host(nproc=2)
-    return {"hw": hw, "net": net, "runs": {}}
+    return {"coll": measure_collectives(2), "runs": {}}
 
 
 def _compare(measured, strategy, nproc):
+    """Predicted and measured step time of one trainer run; compute rates are measured just before and just after
+    the run and averaged, because the shared machine's load changes from minute to minute."""
     from coursekit.memory.calculator import resolve_model
-    from coursekit.plan.measure import run_trainer, trainer_layout
+    from coursekit.plan.measure import host_hardware, measure_compute, run_trainer, trainer_layout
 
     key = (strategy, nproc)
     if key not in measured["runs"]:
-        measured["runs"][key] = run_trainer(strategy, nproc, **CPU_MODEL)
-    run = measured["runs"][key]
+        before = measure_compute()
+        run = run_trainer(strategy, nproc, **CPU_MODEL)
+        measured["runs"][key] = (run, [before, measure_compute()])
+    run, compute = measured["runs"][key]
+    hw, net = host_hardware(compute, measured["coll"], nproc)
     L = trainer_layout(strategy, nproc, CPU_MODEL["global_batch"] // nproc)
-    p = predict(resolve_model(CPU_MODEL["model"]), L, Cluster(measured["hw"], measured["net"], nproc, 2),
-                seq=CPU_MODEL["seq"], global_batch=CPU_MODEL["global_batch"], dtype="fp32")
+    p = predict(resolve_model(CPU_MODEL["model"]), L, Cluster(hw, net, nproc, 2), seq=CPU_MODEL["seq"],
+                global_batch=CPU_MODEL["global_batch"], dtype="fp32")
+    print(f"{strategy} x{nproc}: predicted {p.step_time_s * 1e3:.1f} ms, measured {run['step_time_s'] * 1e3:.1f} ms"
+          f" ({hw.source})")
     return p.step_time_s, run["step_time_s"]
 
 

@@ -413,6 +413,10 @@ def test_grading_array_runs_the_course_grader(cluster, job_env, tmp_path):
     tasks = cluster.wait_array(job, timeout=200)
     logs = {p.name: p.read_text() for p in tmp_path.glob("grade-*.out")}
     assert {i: t.state for i, t in tasks.items()} == {0: "COMPLETED", 1: "COMPLETED"}, logs
+    from coursekit.course.isolation import Isolation
+
+    if Isolation.detect().on:  # each task's grader ran the students' code in the grading sandbox, inside Slurm
+        assert all("sandbox: " in text for text in logs.values()), logs
     grades = Path(job_env["COURSEKIT_RUN_DIR"]) / "grades"
     rows = {}
     for student in ("alice", "bob"):

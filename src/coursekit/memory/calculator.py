@@ -30,7 +30,7 @@ from pathlib import Path
 from coursekit.memory import engines, vocab
 from coursekit.memory.engines import megatron
 from coursekit.memory.activations import ActivationReport
-from coursekit.memory.config import TrainConfig
+from coursekit.memory.train_config import TrainConfig
 from coursekit.memory.errors import ConfigError
 from coursekit.memory.gpus import GiB, gpu as gpu_lookup
 from coursekit.memory.presets import PRESETS, preset

@@ -20,7 +20,7 @@ import sys
 from coursekit.memory import answers, vocab
 from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
 from coursekit.memory.calculator import estimate
-from coursekit.memory.config import PP_SCHEDULES, TrainConfig
+from coursekit.memory.train_config import PP_SCHEDULES, TrainConfig
 from coursekit.memory.errors import ConfigError
 from coursekit.memory.gpus import GPUS, GiB
 from coursekit.memory.presets import PRESETS

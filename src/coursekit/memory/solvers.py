@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from coursekit.memory import engines, vocab
 from coursekit.memory.calculator import Estimate, estimate, resolve_model
-from coursekit.memory.config import TrainConfig
+from coursekit.memory.train_config import TrainConfig
 from coursekit.memory.errors import ConfigError
 from coursekit.memory.gpus import gpu as gpu_lookup
 

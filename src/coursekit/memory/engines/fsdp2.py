@@ -7,6 +7,13 @@ head (torchtitan's wrapping), freed after forward unless ``reshard_after_forward
 Backward reduce-scatters one unit's unsharded gradients, cast to the fp32 reduce dtype when mixed. torch's foreach
 AdamW allocates about one sharded-parameter-sized temporary during the step. ``CPUOffloadPolicy`` moves the sharded
 parameters, gradients and optimizer states to the CPU, and the step runs there.
+
+Padding (exact layout, where the calculator knows every tensor's shape: no TP/PP, Llama or GPT-2): ``fully_shard``
+splits each parameter on dim 0 into ceil(d0/N)-row shards and allocates every rank's shard padded to that size, so
+each rank holds Σ ceil(d0/N)·rest parameter elements (the last rank's padding included), and the reduce-scatter
+output that becomes the sharded gradients is padded the same way. AdamW's states are ``zeros_like`` the unpadded
+local shard, so they differ by rank: rank r keeps min(ceil(d0/N), max(0, d0 - r·ceil(d0/N))) rows of each
+(measured: tests/test_fsdp_memory.py, 2/3/4 ranks).
 """
 from __future__ import annotations
 
@@ -25,6 +32,33 @@ class FSDP2(Engine):
         if "nvme" in (offload, offload_params):
             raise ConfigError("FSDP2 offloads to the CPU only (CPUOffloadPolicy); NVMe offload is DeepSpeed's")
 
+    def exact(self, shape, c) -> bool:
+        return c.tp == 1 and c.pp == 1 and shape.arch in ("llama", "gpt2")
+
+    def states(self, shape, c, stage):
+        if not self.exact(shape, c):
+            return super().states(shape, c, stage)
+        N, rank = c.shard_degree, c.dp_rank if c.dp_rank is not None else 0
+        dims = param_dims(shape)
+        padded = sum(-(-d0 // N) * rest for d0, rest in dims)
+        local = sum(local_rows(d0, N, rank) * rest for d0, rest in dims)
+        st = self.formula(1, precision=c.precision, optimizer=c.optimizer, zero=c.zero, shard=1, offload=c.offload,
+                          offload_params=c.offload_params, param_tensors=0)  # bytes per parameter element
+        P, G, M, GC, S = PRECISIONS[c.precision]
+        store, K = M or P, S * OPTIMIZERS[c.optimizer]
+        shards = dict(param=store * padded, grad=store * padded, master=0.0,
+                      state=K * local + self.counters(c.optimizer, len(dims)), gc=GC * local)
+        temps, cpu = store * local, 0.0
+        if c.offload != "none" or c.offload_params != "none":
+            cpu, shards, temps = sum(shards.values()), dict.fromkeys(shards, 0.0), 0.0
+        # the calculator asks units() and buckets() next, for this configuration: keep the padded unit sizes
+        self._padded_units = (c, unit_sizes(shape, shard=N))
+        text = st.convention + f"; FSDP2's exact layout on shard rank {rank} of {N} (dim-0 padding)"
+        return state_result(shards, 0.0, temps, cpu, 0.0, text), rank
+
+    def ranks_differ(self, c) -> bool:
+        return c.tp == 1 and c.pp == 1
+
     def formula(self, params, *, precision, optimizer, zero, shard, offload, offload_params, param_tensors):
         P, G, M, GC, S = PRECISIONS[precision]
         K = S * OPTIMIZERS[optimizer]
@@ -42,12 +76,72 @@ class FSDP2(Engine):
             PRECISION_TEXT[precision]
         return state_result(shards, 0.0, temps, cpu, 0.0, text)
 
+    def _exact_units(self, c):
+        got = getattr(self, "_padded_units", None)
+        return got[1] if got is not None and got[0] is c else None
+
     def units(self, c, P, stage):
-        return unsharded_units(P, stage, keep_all=not c.fsdp_reshard)
+        exact = self._exact_units(c)
+        if exact is None:
+            return unsharded_units(P, stage, keep_all=not c.fsdp_reshard)
+        *blocks, root = exact  # the trainer's wrapping: each block, then the root (embeddings, final norm, head)
+        # the root keeps its gathered weights from forward into backward; backward starts in the last block
+        start = P * (sum(exact) if not c.fsdp_reshard else root + (max(blocks) if blocks else 0))
+        return {"start": start, "end": P * root, "largest": max(exact)}
 
     def buckets(self, c, P, params, largest_unit):
         reduce = 4 if PRECISIONS[c.precision][2] else P  # unsharded grads of one unit, cast to the fp32 reduce dtype
+        # the all-gather output of the largest unit (compute dtype) and its reduce-scatter input (reduce dtype)
         return (P + reduce) * largest_unit if c.dp * c.cp > 1 else 0, 0
 
     def shards_over_dp(self, c) -> bool:
         return True
+
+
+def local_rows(d0: int, n: int, rank: int) -> int:
+    """Rows of a dim-0 size ``d0`` that shard rank ``rank`` of ``n`` keeps unpadded (torch.chunk's split)."""
+    per = -(-d0 // n)
+    return max(0, min(per, d0 - rank * per))
+
+
+def param_dims(shape) -> list[tuple[int, int]]:
+    """(dim 0, elements per dim-0 row) of every parameter tensor, in ``model.parameters()`` order (tied once).
+    HF Llama's ``nn.Linear`` weights are (out, in); GPT-2's ``Conv1D`` weights are (in, out)."""
+    h, f, V = shape.hidden, shape.ffn, shape.vocab
+    qw, kw = shape.q_width, shape.kv_width
+    norm = [(h, 1), (h, 1)] if shape.norm == "layernorm" else [(h, 1)]
+    n_in = 2 if shape.mlp == "swiglu" else 1
+    first = [(V, h)] + ([(shape.max_positions, h)] if shape.positions == "learned" else [])
+    if shape.arch == "gpt2":  # wte, wpe; ln_1, c_attn, c_proj, ln_2, c_fc, c_proj; ln_f
+        def conv(n_in_, n_out, bias):
+            return [(n_in_, n_out)] + ([(n_out, 1)] if bias else [])
+        layer = (norm + conv(h, qw + 2 * kw, shape.qkv_bias) + conv(qw, h, shape.qkv_bias) + norm
+                 + conv(h, f, shape.mlp_bias) * n_in + conv(f, h, shape.mlp_bias))
+    else:
+        def lin(n_in_, n_out, bias):
+            return [(n_out, n_in_)] + ([(n_out, 1)] if bias else [])
+        layer = (lin(h, qw, shape.qkv_bias) + lin(h, kw, shape.qkv_bias) + lin(h, kw, shape.qkv_bias)
+                 + lin(qw, h, shape.qkv_bias) + lin(h, f, shape.mlp_bias) * n_in + lin(f, h, shape.mlp_bias)
+                 + norm + norm)
+    last = norm + ([] if shape.tied_embeddings else [(V, h)])
+    return first + layer * shape.layers + last
+
+
+def _padded(d0: int, rest: int, n: int) -> int:
+    return -(-d0 // n) * n * rest
+
+
+def unit_sizes(shape, *, shard: int, wrap: str = "block") -> list[int]:
+    """Padded elements of every ``fully_shard`` unit's all-gather output: the blocks (one, a pair, none with
+    ``wrap="root"``), then the root with whatever no block owns."""
+    dims = param_dims(shape)
+    first = 2 if shape.arch == "gpt2" and shape.positions == "learned" else 1
+    per_layer = (len(dims) - first - (1 if shape.norm != "layernorm" else 2) - (0 if shape.tied_embeddings else 1)) \
+        // shape.layers
+    layers = [dims[first + i * per_layer: first + (i + 1) * per_layer] for i in range(shape.layers)]
+    rest = dims[:first] + dims[first + shape.layers * per_layer:]
+    group = {"block": 1, "pair": 2, "root": shape.layers}[wrap]
+    units = [sum(layers[i:i + group], []) for i in range(0, shape.layers, group)]
+    if wrap == "root":
+        units, rest = [], dims
+    return [sum(_padded(d0, r, shard) for d0, r in u) for u in units] + [sum(_padded(d0, r, shard) for d0, r in rest)]
