@@ -39,7 +39,7 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
     from pathlib import Path
 
     from coursekit.dist import free_port
-    from coursekit.launch import RESULTS_ENV, kill_tree
+    from coursekit.launch import RESULTS_ENV, STAMP_ENV, kill_tree, launch_stamp
     from coursekit.zero.ds_config import CONFIG_DIR
 
     config = Path(config).resolve()
@@ -48,7 +48,7 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
 
     with tempfile.TemporaryDirectory(prefix="coursekit-accel-") as d:
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", RESULTS_ENV: d,
-                    "COURSEKIT_LAUNCHED_BY": str(os.getpid()), **(env or {})}
+                    STAMP_ENV: launch_stamp(), **(env or {})}
         if cpu:
             full_env["ACCELERATE_USE_CPU"] = "true"
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes",
