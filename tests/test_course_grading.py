@@ -184,8 +184,9 @@ def test_unreadable_notebook_gets_a_row_with_a_reason(graded):
 @pytest.mark.parametrize("student", ["job_timeout", "job_timeout_sigint"])
 def test_a_cell_that_times_out_leaves_no_orphan_process(graded, student):
     pids = graded["pids"][{"job_timeout": "job", "job_timeout_sigint": "job_sigint"}[student]]
-    assert len(pids) >= 2, "the job never started: raise the toy course's cell timeout"
-    for pid in pids:  # the torchrun agent and its workers
+    # the torchrun agent at least (its workers too, unless a loaded machine starts them after the cell's timeout)
+    assert pids, "the job never started: raise the toy course's cell timeout"
+    for pid in pids:
         alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         assert not alive, f"{student}: process {pid} outlived its grader"
     assert row(graded, student).score == 2  # its functions are graded on their merit
