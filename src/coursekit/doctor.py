@@ -161,8 +161,23 @@ def labs(f: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def peak(refresh: bool = True) -> int:
+    """``coursekit doctor --peak``: the dense peak MFU is measured against (CPU: a measured matmul rate, cached)."""
+    from coursekit.dist import device_kind
+    from coursekit.profiling.mfu import cpu_peak, device_peak
+
+    dev = device_kind()
+    for dtype in ("fp32", "bf16"):
+        p = cpu_peak(dtype, refresh=refresh) if not dev.startswith("cuda") else device_peak(dev, dtype)
+        flops = f"{p['flops'] / 1e9:,.1f} GFLOP/s" if p["flops"] else "-"
+        print(f"peak {dtype} on {dev}: {flops}  ({p['source']})")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(argv or [])
+    if "--peak" in argv:
+        return peak()
     f = facts()
     if "--json" in argv:
         f["what_runs"] = dict(labs(f))

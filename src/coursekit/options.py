@@ -95,9 +95,12 @@ class FaultOptions:
     kill_at_step: int | None = None
     """Fault injection: SIGKILL one worker (--kill-rank) at this step, in the first attempt only (elastic restarts)."""
     kill_rank: int = 1
-    """The rank --kill-at-step kills."""
+    """The rank --kill-at-step / --kill-in-save kills."""
+    kill_in_save: int | None = None
+    """Fault injection: SIGKILL --kill-rank while it writes the checkpoint of this step (before its marker), first
+    attempt only; the restart loads the previous complete checkpoint."""
     slow_rank: int | None = None
-    """Fault injection: this rank sleeps --slow-ms before every step (a straggler)."""
+    """Fault injection: this rank sleeps --slow-ms at the start of every step (a straggler)."""
     slow_ms: float = 0.0
     """Milliseconds the --slow-rank sleeps per step."""
 

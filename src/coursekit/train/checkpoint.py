@@ -43,11 +43,13 @@ class Checkpointer:
     def due(self, step_done: int) -> bool:
         return bool(self.save_every) and step_done % self.save_every == 0
 
-    def save(self, strategy, step: int) -> None:
+    def save(self, strategy, step: int, before_marker=None) -> None:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
         dcp.save(strategy.state_dict(), checkpoint_id=str(self.dir / f"step-{step}"))
+        if before_marker:  # fault injection (--kill-in-save): die with the shards written, no marker yet
+            before_marker(step)
         torch_save(rng_state(), self.dir / f"step-{step}" / f"rng-rank{self.info.rank}.pt")
         dist.barrier()
         if self.info.is_main:  # the marker is written last, so a crash mid-save never points at half a checkpoint

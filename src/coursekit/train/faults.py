@@ -4,7 +4,11 @@
 - ``--kill-at-step N --kill-rank R``: rank R SIGKILLs itself at step N in the first attempt only — no exception,
   no clean-up, as when a node dies; torchrun (``--max-restarts``) restarts every worker, which resume from the last
   complete checkpoint. The moment of the kill is written first, so the restarted run can report its recovery time.
-- ``--slow-rank R --slow-ms M``: rank R sleeps M ms before every step (a straggler the others wait for).
+- ``--kill-in-save N`` (with ``--kill-rank R``): rank R SIGKILLs itself while it writes the checkpoint of step N
+  (after the shards, before its RNG file and the ``latest`` marker), first attempt only: the restart must load the
+  previous complete checkpoint, never this one.
+- ``--slow-rank R --slow-ms M``: rank R sleeps M ms at the start of every step (a straggler the others wait for in
+  the step's collectives; ``coursekit.profiling.stragglers`` finds it).
 """
 from __future__ import annotations
 
@@ -34,6 +38,21 @@ def maybe_kill(step: int, faults, rank: int, ckpt_dir: str | None) -> None:
     if ckpt_dir:
         Path(ckpt_dir, KILL_FILE).write_text(json.dumps({"step": step, "rank": rank, "time": time.time()}))
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_in_save(faults, rank: int, ckpt_dir: str | None):
+    """The hook ``Checkpointer.save`` calls between the shards and the marker, or None when no kill is planned."""
+    n = getattr(faults, "kill_in_save", None)
+    if n is None or rank != faults.kill_rank or restart_count():
+        return None
+
+    def hook(step: int) -> None:
+        if step == n:
+            if ckpt_dir:
+                Path(ckpt_dir, KILL_FILE).write_text(json.dumps({"step": step, "rank": rank, "time": time.time(),
+                                                                 "in_save": True}))
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
 
 
 def maybe_slow(faults, rank: int) -> None:

@@ -34,9 +34,11 @@ def run_training(train_args: list[str], *, nproc: int, timeout: float = 600, str
 
 
 def summary_table(runs: list[dict]) -> str:
-    """One row per run: layout, world, first and final loss, tokens/s, step time, wall time."""
+    """One row per run: layout, world, first and final loss, tokens/s, step time, MFU, wall time; then a line per
+    run naming its straggler (``coursekit.profiling.stragglers``) when one was measured."""
+    from coursekit.profiling.stragglers import line
     head = (f"{'strategy':<10} {'layout':<22} {'world':>5} {'steps':>5}  {'first loss':>10} {'final loss':>10} "
-            f"{'tokens/s':>9} {'step ms':>8} {'wall s':>7}")
+            f"{'tokens/s':>9} {'step ms':>8} {'MFU %':>6} {'wall s':>7}")
     rows = [head, "-" * len(head)]
     for r in runs:
         f, steps = r["final"], r["steps"]
@@ -45,10 +47,20 @@ def summary_table(runs: list[dict]) -> str:
         timed = steps[1:] or steps  # the first step includes warm-up
         tps = sum(s["tokens_per_s"] for s in timed) / len(timed)
         ms = 1000 * sum(s["step_time_s"] for s in timed) / len(timed)
+        mfu = f"{100 * f['mfu']:>6.2f}" if f.get("mfu") is not None else f"{'-':>6}"
         rows.append(f"{f['strategy']:<10} {layout:<22} {f['world_size']:>5} {len(steps):>5}  "
-                    f"{steps[0]['loss']:>10.4f} {steps[-1]['loss']:>10.4f} {tps:>9.0f} {ms:>8.1f} "
+                    f"{steps[0]['loss']:>10.4f} {steps[-1]['loss']:>10.4f} {tps:>9.0f} {ms:>8.1f} {mfu} "
                     f"{r['wall_s']:>7.1f}")
-    return "\n".join(rows)
+    notes = []
+    for r in runs:
+        f = r["final"]
+        if f.get("peak_source"):
+            notes.append(f"{f['strategy']}: MFU {f['model_flops_per_step'] / 1e9:.3g} GFLOP/step; peak "
+                         f"{(f['peak_flops'] or 0) / 1e9:.3g} GFLOP/s per device ({f['peak_source']})"
+                         + (f"; HFU {100 * f['hfu']:.2f} %" if f.get("hfu") and f["hfu"] != f["mfu"] else ""))
+        if f.get("stragglers"):
+            notes.append(f"{f['strategy']}: {line(f['stragglers'])}")
+    return "\n".join(rows + notes)
 
 
 def plan(argv) -> tuple:
@@ -70,10 +82,13 @@ def plan(argv) -> tuple:
     f = opts.faults
     for name in ("kill_rank", "slow_rank"):
         r = getattr(f, name)
-        if r is not None and not 0 <= r < nproc and (name == "slow_rank" or f.kill_at_step is not None):
+        killing = f.kill_at_step is not None or f.kill_in_save is not None
+        if r is not None and not 0 <= r < nproc and (name == "slow_rank" or killing):
             raise ValueError(f"--{name.replace('_', '-')} {r} is not a rank of {nproc} processes")
-    if f.kill_at_step is not None and (lo.max_restarts < 1 or not opts.ckpt.ckpt_dir):
-        raise ValueError("--kill-at-step needs --max-restarts >= 1 and --ckpt-dir (the restart resumes from it)")
+    for name in ("kill_at_step", "kill_in_save"):
+        if getattr(f, name) is not None and (lo.max_restarts < 1 or not opts.ckpt.ckpt_dir):
+            raise ValueError(f"--{name.replace('_', '-')} needs --max-restarts >= 1 and --ckpt-dir (the restart "
+                             "resumes from it)")
     return lo, opts, nproc
 
 

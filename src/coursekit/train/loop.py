@@ -54,7 +54,7 @@ def run(opts) -> dict:
         records, tokens_per_step = [], t.global_batch * t.seq
         a, b = parse_steps(opts.profile.profile_steps)
         sync = torch.cuda.synchronize if info.device.startswith("cuda") else (lambda: None)
-        colls = CollectiveRecorder(getattr(strategy, "model", None))  # collective durations per step: who waits (profiling.stragglers)
+        colls = CollectiveRecorder(getattr(strategy, "model", None))  # who waits for whom (profiling.stragglers)
         in_save = kill_in_save(opts.faults, info.rank, opts.ckpt.ckpt_dir)
         with maybe_profile(opts.profile.profile_dir, info.rank, steps=(a, b)) as prof:
             for step in range(start, t.steps):
