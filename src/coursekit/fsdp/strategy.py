@@ -85,6 +85,24 @@ class FSDP2(Strategy):
                 u.set_modules_to_backward_prefetch(self.units[max(0, i - n):i][::-1])
         return model
 
+    def train_step(self, micro_batches: list, measure: bool = False):
+        """The plain step; the measured one (the last) also counts its collectives (``coursekit.comm.counter``)."""
+        if not measure:
+            return super().train_step(micro_batches)
+        from coursekit.comm.counter import CollectiveCounter
+
+        with CollectiveCounter() as cc:
+            loss = super().train_step(micro_batches, measure=True)
+        self.collectives = collective_plan(cc)
+        self.last_state_bytes["collectives"] = self.collectives  # held bytes were taken inside the step
+        return loss
+
+    def state_bytes(self) -> dict:
+        out = super().state_bytes()
+        out["collectives"] = getattr(self, "collectives", None)
+        out["units"] = [unit_shapes(u) for u in self.units] + [unit_shapes(self.model, root=True)]
+        return out
+
     def sync_context(self, micro: int, n_micro: int):
         if micro == n_micro - 1:
             return contextlib.nullcontext()
@@ -103,6 +121,25 @@ class HSDP(FSDP2):
 
     def dp_mesh(self):
         return self.ctx.mesh.root["dp_replicate", "dp_shard"]
+
+
+def unit_shapes(module, root: bool = False) -> list[list[int]]:
+    """Global shapes of the parameters one ``fully_shard`` unit gathers (the root: those no block owns)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
+    group = state._fsdp_param_group if state is not None else None
+    return [list(fp._orig_size) for fp in group.fsdp_params] if group is not None else []
+
+
+def collective_plan(counter) -> dict:
+    """The counted step as JSON: per-op summary and the merged (op, bytes, dtype, group size, count) list."""
+    from collections import Counter
+
+    calls = Counter((r.op, r.bytes, r.dtype, r.group_size) for r in counter.records)
+    return {"summary": counter.summary(),
+            "calls": [{"op": op, "bytes": b, "dtype": dt, "group_size": n, "count": k}
+                      for (op, b, dt, n), k in sorted(calls.items())]}
 
 
 @contextlib.contextmanager

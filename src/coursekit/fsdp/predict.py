@@ -1,0 +1,33 @@
+"""What FSDP2 should hold and send, per rank, from the model's shape alone (pure Python: no torch).
+
+    units = unit_sizes(shape, shard=3)                 # padded elements each all-gather produces, blocks then root
+    plan = step_collectives(shape, shard=3, reshard=True)
+    assert CollectiveCounter(...).as_plan() == plan    # tests/test_fsdp_memory.py, on a live run
+
+Per micro-batch each block unit all-gathers its parameters before forward and, when it resharded after forward,
+again before backward; the root (embeddings, final norm, head) keeps its gathered parameters from forward into
+backward (the strategy wraps it with ``reshard_after_forward=False``). Each unit reduce-scatters its gradients once
+per optimizer step (accumulation skips the sync until the last micro-batch); HSDP then all-reduces each
+reduce-scattered shard across the R replicas. Sizes are FSDP2's padded ones: every parameter's dim 0 is rounded up
+to a multiple of the shard degree N (``coursekit.memory.engines.fsdp2``).
+"""
+from __future__ import annotations
+
+from coursekit.comm import volume
+from coursekit.memory.engines.fsdp2 import unit_sizes
+
+
+def step_collectives(shape, *, shard: int, replicate: int = 1, wrap: str = "block", reshard: bool = True,
+                     micro_batches: int = 1, param_bytes: int = 4, grad_bytes: int = 4) -> list[volume.Collective]:
+    """Every collective of one optimizer step on one rank (``volume`` plan: compare with a counter's ``as_plan``).
+    ``param_bytes`` 2 with bf16 mixed precision (gathers in bf16), ``grad_bytes`` 4 (fp32 reduce)."""
+    *blocks, root = unit_sizes(shape, shard=shard, wrap=wrap)
+    plan = []
+    if shard > 1:
+        gathers = 2 if reshard else 1
+        plan += [volume.Collective("all_gather", u * param_bytes, gathers * micro_batches, shard) for u in blocks]
+        plan += [volume.Collective("all_gather", root * param_bytes, micro_batches, shard)]
+        plan += [volume.Collective("reduce_scatter", u * grad_bytes, 1, shard) for u in [*blocks, root]]
+    if replicate > 1:
+        plan += [volume.Collective("all_reduce", u // shard * grad_bytes, 1, replicate) for u in [*blocks, root]]
+    return volume.merge(plan)
