@@ -16,7 +16,7 @@ import contextlib
 from torch.nn.parallel import DistributedDataParallel
 
 from coursekit.ddp import DDPOptions
-from coursekit.parallel.api import Strategy
+from coursekit.parallel.api import Strategy, no_gradient_sync
 
 
 class Single(Strategy):
@@ -53,14 +53,5 @@ class DDP(Strategy):
         if micro == n_micro - 1:
             return contextlib.nullcontext()
         if self.composable:  # FSDP2-style: skip the gradient all-reduce until the last micro-batch
-            self.model.set_requires_gradient_sync(False)
-            return _restore_sync(self.model)
+            return no_gradient_sync(self.model)
         return self.model.no_sync()
-
-
-@contextlib.contextmanager
-def _restore_sync(model):
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)

@@ -33,6 +33,17 @@ def adamw(params, *, lr: float, weight_decay: float = 0.0, device_type: str = "c
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False, fused=fused or None, **ADAMW)
 
 
+@contextlib.contextmanager
+def no_gradient_sync(model):
+    """FSDP2-style modules (fully_shard, composable replicate): skip the gradient reduction inside the block, so
+    gradients accumulate locally until the last micro-batch."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 @dataclass
 class Context:
     info: object  # coursekit.dist.DistInfo
