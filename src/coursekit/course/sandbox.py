@@ -11,6 +11,11 @@ arguments go over a pipe as JSON, the student's function runs here, its return v
 A call that raises, returns something that is not plain data, runs past its timeout (even ignoring SIGINT and
 SIGTERM: the whole process tree is killed) or ends the process (``os._exit``, a segfault) becomes a StudentError
 for that call only; the next call starts a fresh process. Printed output goes to a log file, never to the checks.
+
+With an ``isolation`` (``coursekit course grade`` passes one), every start is in a fresh OS sandbox (``isolation``):
+a user id of its own, the course read-only with ``solutions/`` hidden, loopback-only network, CPU, memory, process
+and file-size limits. What the student's code can do to the machine stops there; what it can do to the grade stops
+at the pipe.
 """
 from __future__ import annotations
 
