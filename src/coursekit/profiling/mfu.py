@@ -11,8 +11,9 @@
 - **Peak**: on a GPU, the data-sheet *dense* peak for the run's dtype (``coursekit.memory.gpus``; no 2:4-sparsity
   figures). A GPU whose name is not in the table is refused (``peak`` None, the reason in ``source``), never
   guessed. On a CPU there is no data-sheet figure that a PyTorch matmul reaches, so the peak is **measured**: the
-  best rate of a 512³ matmul (best of ~1 s of tries: a loaded machine lowers it) in the run's dtype, with the threads one rank uses (``coursekit doctor
-  --peak`` measures and caches it; the trainer reads the cache, or measures once and caches).
+  best rate of a 512³ matmul (best of ~1 s of tries: a loaded machine lowers it) in the run's dtype, with the
+  threads one rank uses (``coursekit doctor --peak`` measures and caches it; the trainer reads the cache, or
+  measures once and caches).
 
 MFU = model FLOPs per step / step time / (devices × peak). The gap to 100 % on CPU: the tiny model's matmuls are
 far smaller than the measured one, the step also runs norms, softmax, the optimizer and the loss all-reduce, and
