@@ -7,7 +7,8 @@ Each case states what the publication gives and what it does not (assumptions ma
 constants serve every case (coursekit/plan/hardware.py, steptime.py): nothing here is tuned per case.
 
 Metric: the publication's own. Megatron-LM / BLOOM report hardware TFLOP/s per GPU counting the recomputed forward
-(Narayanan et al. 2021, eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh)), which is ``flops_per_step(..., recompute="full")``
+(Narayanan et al. 2021, eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh)), which is
+``flops_per_step(..., recompute="full")``
 with full (non-causal) attention; LLM Foundry and Llama 3 report MFU (6N + 12·l·h·s per token, no recompute).
 """
 from __future__ import annotations
@@ -85,7 +86,8 @@ CASES = [
          "llama3-405b", 8192, "H100-80GB", "roce-400", 8192, 2048,
          Layout(tp=8, pp=16, dp_replicate=64, engine="deepspeed", zero=1, micro_batch=1, recompute="selective",
                 virtual_stages=4), "mfu", 0.43,
-         assumed=["optimizer states sharded over DP (ZeRO-1)", "selective recompute", "interleaved, 4 chunks per rank (126 layers / 16 stages)"]),
+         assumed=["optimizer states sharded over DP (ZeRO-1)", "selective recompute",
+                  "interleaved, 4 chunks per rank (126 layers / 16 stages)"]),
 ]
 
 

@@ -238,7 +238,8 @@ def _apply(obj, changes: dict, path):
     names = {f.name for f in fields(obj)}
     bad = set(changes) - names
     if bad:
-        raise ValueError(f"{path}: unknown {type(obj).__name__} fields {sorted(bad)}; known: {', '.join(sorted(names))}")
+        raise ValueError(f"{path}: unknown {type(obj).__name__} fields {sorted(bad)}; "
+                         f"known: {', '.join(sorted(names))}")
     changes = {k: _number(v, getattr(obj, k), k, path) for k, v in changes.items()}
     if "peak_flops" in changes:
         changes = dict(changes, peak_flops={**obj.peak_flops, **changes["peak_flops"]})

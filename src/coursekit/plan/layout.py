@@ -37,7 +37,8 @@ class Layout:
     pp_schedule: str = "1f1b"
     """1f1b (with virtual_stages > 1: interleaved 1F1B) or gpipe (same bubble, every micro-batch's activations)."""
     microbatches: int | None = None
-    """Micro-batches per optimizer step per pipeline (gradient accumulation); None: global batch / (dp x micro_batch)."""
+    """Micro-batches per optimizer step per pipeline (gradient accumulation); None: global batch / (dp x
+    micro_batch)."""
     virtual_stages: int = 1
     """Model chunks per pipeline rank (interleaved schedule)."""
     cp_impl: str = "ring"

@@ -2,6 +2,7 @@
 collectives' latency and bus bandwidth through ``coursekit.comm.bench``.
 
     hw, net = measure_host(nproc=2)           # a Hardware ("cpu-measured") and a Network, ready for predict()
+    hw, net = host_hardware([measure_compute(), ...], measure_collectives(2))   # rates around a run, averaged
 
 What each figure is, and why (the planner's fields, coursekit.plan.hardware):
   peak_flops    the fp32 rate of a large square GEMM on one thread (the trainer's workers run OMP_NUM_THREADS=1),
@@ -58,29 +59,23 @@ def memory_bandwidth(nbytes: int = 64 * 2**20, reps: int = 5) -> float:
     return 3 * nbytes / _sustained(lambda: torch.add(a, b, out=c), reps)
 
 
-def op_overhead(n_blocks: int = 20, reps: int = 5) -> float:
-    """Seconds per aten op of eager PyTorch module code on tiny tensors, forward and backward: a stack of small
-    blocks written as transformers writes a layer (a Python RMSNorm, a Linear, SiLU, a residual), timed and divided
-    by the aten ops a TorchDispatchMode counts in it. On a CPU this dispatch + autograd + module overhead, not the
-    arithmetic, is what a tiny model's step is made of."""
+def op_overhead(reps: int = 5) -> float:
+    """Seconds per aten op of transformers' eager module code: forward + backward of a 2-layer, 16-wide Llama on 8
+    tokens (its arithmetic is negligible), divided by the aten ops a TorchDispatchMode counts in it. This dispatch,
+    autograd and Python overhead, not the arithmetic, is what a tiny model's step is made of on a CPU; the planner
+    charges it per counted op (steptime.OPS_PER_LAYER) as the kernel floor."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.ones(16))
-            self.lin = torch.nn.Linear(16, 16, bias=False)
+    from coursekit.models import build_model
 
-        def forward(self, x):
-            n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.w
-            return x + torch.nn.functional.silu(self.lin(n)).view(4, 16).contiguous()
-
-    net = torch.nn.Sequential(*[Block() for _ in range(n_blocks)])
-    x = torch.ones(4, 16)
+    cfg = {"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+           "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 16}
+    model = build_model(cfg, seed=0)
+    ids = torch.arange(8).unsqueeze(0)
 
     def step():
-        net(x).sum().backward()
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
 
     class _Count(TorchDispatchMode):
         n = 0
@@ -89,48 +84,69 @@ def op_overhead(n_blocks: int = 20, reps: int = 5) -> float:
             _Count.n += 1
             return func(*args, **(kwargs or {}))
 
+    step()  # first call builds caches
     with _Count():
         step()
     return _sustained(step, reps) / _Count.n
 
 
-def measure_host(nproc: int = 2, *, sizes: str = "16K..4M", iters: int = 5, timeout: float = 300,
-                 big: int = 512, small: int = 64) -> tuple[Hardware, Network]:
-    """Measure compute here (in this process, one thread) and gloo collectives on ``nproc`` processes."""
-    import psutil
+def measure_compute(big: int = 512, small: int = 64) -> dict:
+    """Compute figures of this process on the trainer's thread count: matmul rates at ``big`` and ``small``,
+    memory bandwidth, per-op overhead."""
     import torch
-
-    from coursekit.comm.bench import run_benchmark
 
     threads = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     try:
-        peak, r_small = matmul_rate(big), matmul_rate(small)
-        mem = memory_bandwidth()
-        floor = op_overhead()
+        return {"big": big, "small": small, "r_big": matmul_rate(big), "r_small": matmul_rate(small),
+                "mem": memory_bandwidth(), "floor": op_overhead()}
     finally:
         torch.set_num_threads(threads)
-    # solve (s / (s + h))^3 / (B / (B + h))^3 = r_small / peak for the half dimension h (bisection)
-    ratio, lo, hi = min(r_small / peak, 0.999), 0.0, 1e5
-    for _ in range(100):
-        h = (lo + hi) / 2
-        lo, hi = (h, hi) if ((small / (small + h)) / (big / (big + h))) ** 3 > ratio else (lo, h)
+
+
+def measure_collectives(nproc: int = 2, *, sizes: str = "16K..4M", iters: int = 5, timeout: float = 300) -> dict:
+    """{op: (alpha_s, busbw)} fitted to a coursekit.comm.bench run on ``nproc`` processes."""
+    from coursekit.comm.bench import run_benchmark
+
     rows = run_benchmark(nproc=nproc, ops=("all_reduce", "all_gather", "reduce_scatter", "broadcast"), sizes=sizes,
                          factor=4, iters=iters, warmup=2, timeout=timeout)
     coll = collectives_from_rows(rows)
     coll.setdefault("send", coll.get("broadcast"))  # a 2-rank broadcast is one send
+    return coll
+
+
+def host_hardware(compute: dict | list, coll: dict, nproc: int = 2) -> tuple[Hardware, Network]:
+    """A Hardware and Network from measured figures; a list of ``measure_compute`` results is averaged (e.g. one
+    taken before and one after a run, when the machine is shared)."""
+    import psutil
+
+    cs = compute if isinstance(compute, list) else [compute]
+    c = {k: sum(x[k] for x in cs) / len(cs) for k in ("r_big", "r_small", "mem", "floor")}
+    big, small = cs[0]["big"], cs[0]["small"]
+    # solve (s / (s + h))^3 / (B / (B + h))^3 = r_small / r_big for the half dimension h (bisection)
+    ratio, lo, hi = min(c["r_small"] / c["r_big"], 0.999), 0.0, 1e5
+    for _ in range(100):
+        h = (lo + hi) / 2
+        lo, hi = (h, hi) if ((small / (small + h)) / (big / (big + h))) ** 3 > ratio else (lo, h)
     alpha_ar, bw_ar = coll["all_reduce"]
-    big_bw = peak / (big / (big + h)) ** 3
     hw = Hardware(name="cpu-measured", memory_bytes=psutil.virtual_memory().total // nproc,
-                  peak_flops={"fp32": big_bw},
-                  hbm_bw=mem / HBM_FRACTION, link_bw=bw_ar, link_fraction=1.0, link_latency_s=alpha_ar,
+                  peak_flops={"fp32": c["r_big"] / (big / (big + h)) ** 3},
+                  hbm_bw=c["mem"] / HBM_FRACTION, link_bw=bw_ar, link_fraction=1.0, link_latency_s=alpha_ar,
                   hop_latency_s=0.0, gemm_fraction=1.0, gemm_half_dim=max(1, round(h)), attn_fraction=0.5,
-                  kernel_floor_s=floor, overlap=0.0, optimizer_ops_per_tensor=10, loss_sync=True, collectives=coll,
-                  source=f"measured here: matmul {big}^3 {peak / 1e9:.1f} GFLOP/s, {small}^3 {r_small / 1e9:.1f}; "
-                         f"add {mem / 1e9:.1f} GB/s; {floor * 1e6:.1f} us/op; gloo all_reduce {bw_ar / 1e9:.2f} GB/s")
+                  kernel_floor_s=c["floor"], overlap=0.0, optimizer_ops_per_tensor=10, loss_sync=True,
+                  collectives=coll,
+                  source=f"measured here: matmul {big}^3 {c['r_big'] / 1e9:.1f} GFLOP/s, {small}^3 "
+                         f"{c['r_small'] / 1e9:.1f}; add {c['mem'] / 1e9:.1f} GB/s; {c['floor'] * 1e6:.1f} us/op; "
+                         f"gloo all_reduce {bw_ar / 1e9:.2f} GB/s")
     net = Network(name="none", bw_per_gpu=bw_ar, fraction=1.0, latency_s=alpha_ar, collectives=coll,
                   source="single host: every group is inside the node")
     return hw, net
+
+
+def measure_host(nproc: int = 2, **bench) -> tuple[Hardware, Network]:
+    """Measure compute here (this process, the trainer's thread count) and gloo collectives on ``nproc``
+    processes; ``bench``: sizes, iters, timeout for the collectives benchmark."""
+    return host_hardware(measure_compute(), measure_collectives(nproc, **bench), nproc)
 
 
 # -- the course's own runs as planner layouts ---------------------------------------------------------------------

@@ -258,4 +258,5 @@ def explain(c: Candidate, best: Candidate | None = None) -> str:
     other = {"compute": bp.compute_s, "bubble": bp.bubble_s, **{f"{k} comm": v for k, v in bp.exposed_s.items()},
              "optimizer": bp.optimizer_s}
     worst = max(parts, key=lambda k: parts[k] - other[k])
-    return f"{head}; {s / bp.step_time_s - 1:+.1%} vs #1, mostly {worst} (+{(parts[worst] - other[worst]) * 1e3:.0f} ms)"
+    more = (parts[worst] - other[worst]) * 1e3
+    return f"{head}; {s / bp.step_time_s - 1:+.1%} vs #1, mostly {worst} (+{more:.0f} ms)"
