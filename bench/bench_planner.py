@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from coursekit.flops import flops_per_step
-from coursekit.memory import ModelShape
-from coursekit.memory.calculator import resolve_model
+from coursekit.memory import ModelShape, resolve_model
 from coursekit.plan import Layout, evaluate, plan
 
 

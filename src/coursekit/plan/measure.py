@@ -22,7 +22,7 @@ import time
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network, collectives_from_rows
 
 
-def _sustained(fn, reps: int = 5, window: float = 0.2) -> float:
+def _sustained(fn, reps: int = 3, window: float = 0.15) -> float:
     """Seconds per call, sustained: each of ``reps`` trials runs ``fn`` for at least ``window`` seconds (about a
     training step), and the median trial counts. On a shared CPU this sees the same contention as a step does; the
     best of short trials would see an idle core."""
@@ -41,7 +41,7 @@ def _sustained(fn, reps: int = 5, window: float = 0.2) -> float:
     return statistics.median(trials)
 
 
-def matmul_rate(n: int, *, reps: int = 5, dtype=None) -> float:
+def matmul_rate(n: int, *, reps: int = 3, dtype=None) -> float:
     """FLOP/s of an n x n x n matmul on this process's threads (sustained, see ``_sustained``)."""
     import torch
 
@@ -50,7 +50,7 @@ def matmul_rate(n: int, *, reps: int = 5, dtype=None) -> float:
     return 2 * n ** 3 / _sustained(lambda: a @ b, reps)
 
 
-def memory_bandwidth(nbytes: int = 64 * 2**20, reps: int = 5) -> float:
+def memory_bandwidth(nbytes: int = 64 * 2**20, reps: int = 3) -> float:
     """Bytes/s of an out-of-place add over three ``nbytes`` arrays."""
     import torch
 
@@ -59,7 +59,7 @@ def memory_bandwidth(nbytes: int = 64 * 2**20, reps: int = 5) -> float:
     return 3 * nbytes / _sustained(lambda: torch.add(a, b, out=c), reps)
 
 
-def op_overhead(reps: int = 5) -> float:
+def op_overhead(reps: int = 3) -> float:
     """Seconds per aten op of transformers' eager module code: forward + backward of a 2-layer, 16-wide Llama on 8
     tokens (its arithmetic is negligible), divided by the aten ops a TorchDispatchMode counts in it. This dispatch,
     autograd and Python overhead, not the arithmetic, is what a tiny model's step is made of on a CPU; the planner

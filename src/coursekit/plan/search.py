@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from coursekit.memory import estimate
-from coursekit.memory.calculator import resolve_model
+from coursekit.memory import estimate, resolve_model
 from coursekit.memory.gpus import GiB
 from coursekit.parallel import LayoutError, check_model
 from coursekit.plan.hardware import Hardware, Network, hardware as hw_lookup, network as net_lookup

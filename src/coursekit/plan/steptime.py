@@ -40,9 +40,10 @@ from functools import lru_cache
 
 from coursekit.comm.volume import busbw_factor
 from coursekit.flops import flops_per_step
-from coursekit.memory.activations import DTYPE_BYTES
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network
 from coursekit.plan.layout import Layout
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 E_H = 32  # hidden-vector reads+writes per token per layer, fwd+bwd (2 norms, 2 residuals, rotary, dropout, casts)
 E_F = 8  # MLP-width reads+writes per token per layer (activation fn and gate product, fwd+bwd)
