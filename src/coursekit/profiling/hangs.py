@@ -97,12 +97,16 @@ def repair(folder) -> Path:
 
 
 def analyse(folder, world: int) -> tuple[list, str]:
-    """torch's flight-recorder analyser on the repaired dumps: (its collectives, what it printed)."""
-    from torch.distributed.flight_recorder import fr_trace
+    """torch's flight-recorder analyser (``torchfrtrace``) on the repaired dumps: (its collectives, what it said).
+
+    It matches the collectives of all ranks against those of the lowest rank, so in a mismatch the ranks it names
+    are those that disagree with the lowest rank."""
+    from torch.distributed.flight_recorder.components.builder import build_db
+    from torch.distributed.flight_recorder.components.config_manager import JobConfig
+    from torch.distributed.flight_recorder.components.loader import read_dir
 
     rep = repair(folder)
-    out = Path(folder) / "analysis.pkl"
-    args = [str(rep), "--prefix", "fr_", "-o", str(out)]
+    args = [str(rep), "--prefix", "fr_"]
     if len(list(rep.glob("fr_*"))) < world:
         args.append("--allow-incomplete-ranks")
     log = logging.getLogger("Flight Recorder")
@@ -113,11 +117,13 @@ def analyse(folder, world: int) -> tuple[list, str]:
             lines.append(rec.getMessage())
 
     log.handlers = [Keep()]
-    try:
-        fr_trace.main(args)
+    try:  # fr_trace.main's three steps, with the dumps in rank order: it compares every rank with the first one
+        opts = JobConfig().parse_args(args)
+        details, version = read_dir(opts)
+        details = dict(sorted(details.items(), key=lambda kv: kv[1]["rank"]))
+        db = build_db(details, opts, version)
     finally:
         log.handlers = saved
-    _types, db = pickle.loads(out.read_bytes())
     return list(db.collectives), "\n".join(lines)
 
 
