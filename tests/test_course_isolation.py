@@ -8,9 +8,7 @@ the hostile student gets a row with a score and a reason, and the honest student
 without the hostile ones. The sandbox needs bubblewrap (scripts/test.sh installs it where it runs as root with apt).
 """
 import csv
-import errno
 import hashlib
-import json
 import os
 import secrets
 import shutil

@@ -1,7 +1,8 @@
 """OS isolation for a student's code during grading: bubblewrap, an unprivileged user id, rlimits.
 
-    iso = Isolation.detect(hide=[submissions, out])      # or Isolation.unavailable(reason)
+    iso = Isolation.detect(course_root=root, hide=[submissions, out])   # iso.on False: iso.reason says why
     argv = iso.wrap([sys.executable, "-m", "coursekit.course.sandbox", ...])
+    iso = for_batch(None, course_root=root, hide=...)     # what grade() uses: refuses (raises) when none is there
 
 What a wrapped command gets (Linux tools only: ``bwrap`` from Debian's *bubblewrap*, ``setpriv`` and ``prlimit``
 from *util-linux*, and for a grader that is not root ``unshare --map-auto`` with *uidmap*'s ``newuidmap``):
@@ -10,9 +11,10 @@ from *util-linux*, and for a grader that is not root ``unshare --map-auto`` with
   instructor's. As root the range is ``COURSEKIT_SANDBOX_UIDS`` (default 1600000000-1600999999); otherwise the
   instructor's subordinate ids from /etc/subuid (``unshare --map-auto``), as rootless containers use;
 - its own mount namespace: /usr, /etc, the Python installation, the venv, the course library and the course folder
-  read-only (and the folders in ``COURSEKIT_SANDBOX_RO``, e.g. a CUDA toolkit outside /usr), with ``solutions/``, ``.git``, nbgrader's ``course/`` and every path in ``hide`` (the submissions, the
-  output folder, the batch's private folders) replaced by empty folders; a private /tmp and /dev/shm of
-  ``tmp_bytes`` each (also $HOME); nothing else (no /home, /root, /run, /var, /mnt);
+  read-only (and the folders in ``COURSEKIT_SANDBOX_RO``, e.g. a CUDA toolkit outside /usr), with ``solutions/``,
+  ``.git``, nbgrader's ``course/`` and every path in ``hide`` (the submissions, the output folder) replaced by
+  empty read-only folders; a private /tmp and /dev/shm of ``limits.tmp`` bytes each (also $HOME); nothing else
+  (no /home, /root, /run, /var, /mnt; /etc/hosts names the sandbox 127.0.0.1);
 - its own network (loopback only: a torchrun/gloo job inside works, any other address is unreachable), process,
   IPC and UTS namespaces: it sees its own processes only, and when it ends every process it started ends too;
 - limits per process: CPU seconds, data memory (RLIMIT_DATA, which counts heap and anonymous memory but not the
@@ -30,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT_UIDS = (1_600_000_000, 1_600_999_999)
@@ -174,8 +176,9 @@ class Isolation:
                                                   "/usr/bin", "/bin"]))
             cmd = [self.tools.get("env") or "env", f"PATH={path}", tool["unshare"], "--map-auto", "--setuid", "0",
                    "--setgid", "0", "--"]
-        cmd += [tool["bwrap"], "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+        cmd += [tool["bwrap"], "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+                "--ro-bind", "/usr", "/usr"]
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             p = Path("/") / top
             if p.is_symlink():
