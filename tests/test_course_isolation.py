@@ -378,3 +378,11 @@ def test_a_grader_that_is_not_root_sandboxes_with_its_subordinate_ids():
     p = subprocess.run(["su", SUBUID_USER, "-s", "/bin/sh", "-c", f"cd /tmp && /usr/bin/python3 -c {code!r}"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.split()[0] == "subuid", p.stdout + p.stderr
+
+
+def test_sandbox_limits_parse_as_the_cli_takes_them():
+    assert Limits.parse("cpu=600,memory=8G,nproc=256,fsize=1G,tmp=512M") == Limits(
+        cpu=600, memory=8 << 30, nproc=256, fsize=1 << 30, tmp=512 << 20)
+    assert Limits.parse("memory=1.5GiB") == Limits(memory=3 << 29) and Limits.parse(None) == Limits()
+    with pytest.raises(ValueError, match="unknown sandbox limit 'disk'"):
+        Limits.parse("disk=1G")
