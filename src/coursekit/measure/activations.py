@@ -31,8 +31,13 @@ import torch
 _LAYER_RE = re.compile(r"^(.*?\.?)(\d+)(\.|$)")  # the first integer path segment: model.layers.3.mlp -> layers.3
 
 
+def _held(t: torch.Tensor) -> torch.Tensor:
+    """What this rank really holds: a DTensor's local shard (tensor-parallel saves), else the tensor itself."""
+    return getattr(t, "_local_tensor", t)
+
+
 def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
+    return _held(t).untyped_storage()._cdata
 
 
 def _region(path: str) -> str:
@@ -63,7 +68,7 @@ def _capture(model: torch.nn.Module, input_ids, labels, forward_kwargs, on_new, 
         if key not in excluded and key not in seen:
             seen.add(key)
             keep.append(t)
-            on_new(t, stack[-1] if stack else "")
+            on_new(_held(t), stack[-1] if stack else "")
         return t
 
     forward_kwargs.setdefault("use_cache", False)

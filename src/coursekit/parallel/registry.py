@@ -47,6 +47,7 @@ OPTIONS = {
     "coursekit.ddp:DDPOptions": ("ddp",),
     "coursekit.zero:ZeROOptions": ("zero0", "zero1", "zero2", "zero3", "deepspeed"),
     "coursekit.pp:PipelineOptions": ("pp",),
+    "coursekit.tp:TPOptions": ("tp",),
     "coursekit.fsdp:FSDPOptions": ("fsdp2", "hsdp"),
     "coursekit.cp.options:CPOptions": ("cp",),
 }

@@ -4,13 +4,26 @@ Per transformer block, on the ``tp`` sub-mesh:
 
     q_proj, k_proj, v_proj, gate_proj, up_proj   ColwiseParallel   weight rows split: each rank its heads / FFN slice
     o_proj, down_proj                            RowwiseParallel   weight columns split: partial sums, all-reduced
+    self_attn, mlp                               PrepareModuleInput: the input becomes one replicated DTensor
 
 So each block does one all-reduce after attention and one after the MLP in forward (Megatron's "g"), and one each
-in backward at the block's input (its "f"); between them everything stays local. Embeddings, norms and the head
-stay replicated (their gradients are equal on every TP rank because the all-reduces make their inputs equal).
-Module 4 deepens this: sequence parallelism for the norms, loss-parallel head, replicated KV heads for GQA.
+in backward at the attention's and the MLP's input (its "f"): the gradients of q, k and v (of gate and up) are
+summed as partial DTensors first, so three projections cost one all-reduce, not three.
+
+Sequence parallelism (``--sp``, Korthikanti et al. 2022): between the blocks' TP regions the residual stream and
+the norms hold ``seq/tp`` tokens per rank (``SequenceParallel`` norms). Entering attention / the MLP the input is
+all-gathered (Shard(1) → Replicate), leaving it the row-parallel output is reduce-scattered (Partial → Shard(1)):
+same wire bytes as the all-reduce, activations split in between. The stage's first block takes its slice of the
+(replicated) embedding output, its last block's output is all-gathered again, so embedding, final norm and head stay
+replicated, and a pipeline stage sends whole sequences.
+
+Grouped-query attention with fewer key/value heads than ``tp`` (Megatron and DeepSpeed replicate them): k_proj and
+v_proj stay whole (a replicated DTensor); each rank keeps the one K/V head its query heads use (head r·kv/tp) and
+its slice of the gradient counts as a partial sum, summed over the TP ranks into the replicated weight's gradient.
 """
 from __future__ import annotations
+
+from coursekit.tp import TPOptions
 
 
 class TensorParallel:
@@ -23,28 +36,87 @@ class TensorParallel:
         shape = resolve_model(opts.train.model)
         if shape.arch != "llama":
             raise ValueError(f"--tp splits Llama-style projections; {opts.train.model} is {shape.arch}")
-        if shape.kv_heads % dims.tp:
-            raise ValueError(f"--tp {dims.tp} needs key/value heads divisible by it ({shape.kv_heads} here); "
-                             "replicated KV heads are Module 4's")
+        if opts.of(TPOptions).sp and (opts.train.seq // dims.cp) % dims.tp:
+            raise ValueError(f"--sp needs the sequence per CP rank ({opts.train.seq // dims.cp}) divisible by "
+                             f"tp {dims.tp}")
 
     def __init__(self, ctx):
         self.ctx = ctx
+        self.sp = ctx.opts.of(TPOptions).sp
 
-    def plan(self) -> dict:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    def plan(self, kv_split: bool = True) -> dict:
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                       SequenceParallel)
 
-        col, row = ColwiseParallel, RowwiseParallel
-        return {"self_attn.q_proj": col(), "self_attn.k_proj": col(), "self_attn.v_proj": col(),
-                "self_attn.o_proj": row(), "mlp.gate_proj": col(), "mlp.up_proj": col(), "mlp.down_proj": row()}
+        inp = Shard(1) if self.sp else Replicate()
+        out = {"output_layouts": Shard(1)} if self.sp else {}
+        p = {"self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": inp},
+                                             desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+             "self_attn.q_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(**out),
+             "mlp": PrepareModuleInput(input_layouts=(inp,), desired_input_layouts=(Replicate(),)),
+             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+             "mlp.down_proj": RowwiseParallel(**out)}
+        if kv_split:
+            p |= {"self_attn.k_proj": ColwiseParallel(), "self_attn.v_proj": ColwiseParallel()}
+        if self.sp:
+            p |= {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel()}
+        return p
 
     def apply(self, model, strategy):
+        mesh, tp = self.ctx.mesh["tp"], self.ctx.dims.tp
+        rank = self.ctx.dims.coord(self.ctx.info.rank, "tp")
+        for lm in [getattr(c, "lm", c) for c in getattr(model, "chunks", None) or [model]]:  # pipeline chunks
+            self.apply_lm(lm, mesh, tp, rank)
+        return model
+
+    def apply_lm(self, lm, mesh, tp: int, rank: int) -> None:
         from torch.distributed.tensor.parallel import parallelize_module
 
         from coursekit.models import blocks
 
-        mesh = self.ctx.mesh["tp"]
-        lm = model.lm if hasattr(model, "lm") else model  # a pipeline stage wraps the HF model
-        for block in blocks(lm):
-            if hasattr(block, "self_attn"):  # a pipeline stage keeps placeholders for other stages' blocks
-                parallelize_module(block, mesh, self.plan())
-        return model
+        here = [b for b in blocks(lm) if hasattr(b, "self_attn")]  # a pipeline stage keeps placeholders
+        for block in here:
+            attn = block.self_attn
+            kv = attn.k_proj.out_features // attn.head_dim
+            parallelize_module(block, mesh, self.plan(kv_split=kv >= tp))
+            if kv < tp:
+                for proj in (attn.k_proj, attn.v_proj):
+                    replicate_kv(proj, mesh, head=rank * kv // tp, head_dim=attn.head_dim)
+            # query and key/value heads on this rank (HF repeats K/V heads by this factor)
+            attn.num_key_value_groups = (attn.config.num_attention_heads // tp) // max(kv // tp, 1)
+        if self.sp and here:
+            seq_shard(here[0], here[-1], mesh)
+
+
+def replicate_kv(proj, mesh, *, head: int, head_dim: int) -> None:
+    """k_proj / v_proj kept whole on every TP rank; the output keeps ``head``; the weight's gradient is summed."""
+    import torch
+    from torch.distributed.tensor import Partial, Replicate, distribute_tensor
+
+    for name, p in list(proj.named_parameters()):
+        d = torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Replicate()]))
+        d.register_hook(lambda g: g.redistribute(placements=[Replicate()]))  # partial slices -> summed, replicated
+        proj.register_parameter(name, d)
+
+    def forward(module, args, output):
+        # each rank uses its own head: its gradient is one rank's part of the sum (Partial), not a replica's copy
+        return output.to_local(grad_placements=[Partial()])[..., head * head_dim:(head + 1) * head_dim]
+
+    proj.register_forward_hook(forward)
+
+
+def seq_shard(first, last, mesh) -> None:
+    """The stage's residual stream sequence-sharded: slice entering ``first``, all-gather leaving ``last``."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def enter(module, args, kwargs):
+        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
+        return (x.redistribute(placements=[Shard(1)]).to_local(), *args[1:]), kwargs
+
+    def leave(module, args, output):
+        return DTensor.from_local(output, mesh, [Shard(1)], run_check=False).redistribute(
+            placements=[Replicate()]).to_local()
+
+    first.register_forward_pre_hook(enter, with_kwargs=True)
+    last.register_forward_hook(leave)
