@@ -278,7 +278,7 @@ def test_every_published_layout_ranks_near_the_top():
 CPU_MODEL = {"model": "tiny-llama", "seq": 64, "global_batch": 8}
 FAST_ROWS = [("ddp", 2)]  # default tier: one benchmark launch + one training launch (~15 s on an idle machine)
 # Not a row: zero3. DeepSpeed's ZeRO-3 on CPU spends most of its step in per-module Python fetch/release hooks
-# (1-1.5 s against DDP's ~0.15 s under load), which the planner does not model; predicted / measured ~0.1.
+# (1.26 s against DDP's 0.09 s under load), which the planner does not model: predicted / measured 0.13.
 SLOW_ROWS = [("single", 1), ("zero1", 2), ("zero2", 2)]
 
 
