@@ -81,7 +81,10 @@ class CollectiveRecorder:
             finally:
                 self._tls.depth = 0
             if kwargs.get("async_op") and work is not None:
-                work.get_future().then(lambda f: self._end(entry))
+                try:  # timed to completion; a handle without a future (a coalescing manager) stays unfinished
+                    work.get_future().then(lambda f: self._end(entry))
+                except (AttributeError, RuntimeError):
+                    pass
             else:
                 self._end(entry)
             return work
