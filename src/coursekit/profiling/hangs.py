@@ -136,8 +136,8 @@ def _op(c, ranks) -> dict:
 
 def diagnose(folder, *, world: int, timed_out: bool = False, failed: bool = False, log: str = "") -> dict:
     side = _sidecars(folder)
-    stacks = {r: s["dumps"][-1]["stack"][-1] if s["dumps"] and s["dumps"][-1]["stack"] else None
-              for r, s in side.items()}
+    stacks = {r: next((f for f in reversed(s["dumps"][-1]["stack"]) if "/torch/" not in f), None)
+              if s["dumps"] else None for r, s in side.items()}  # the innermost line of the user's code
     base = {"ranks": [], "seq": None, "ops": [], "pg": None, "timed_out": timed_out, "folder": str(folder),
             "no_dump": sorted(set(range(world)) - set(side)), "last_stack": stacks}
     colls, text = [], ""
