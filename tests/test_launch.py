@@ -202,3 +202,29 @@ def test_max_restarts_restarts_failed_workers(no_orphans):
         launch_code(code, nproc=2, timeout=180, stream=False)
     # rank 1 left no traceback (sys.exit); rank 0's is only the lost peer: the launcher names rank 1
     assert e.value.rank == 1 and "rank 1" in str(e.value)
+
+
+def test_sigterm_to_the_caller_stops_every_process(tmp_path):
+    """A script that launches a job and is sent SIGTERM (a scheduler's cancel, a killed notebook) takes its torchrun
+    agent and workers with it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = tmp_path / "caller.py"
+    script.write_text("from coursekit.launch import launch_code\n"
+                      "launch_code('import time\\nprint(\"up\", flush=True)\\ntime.sleep(300)', nproc=2, timeout=300)\n")
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    proc = psutil.Process(caller.pid)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(proc.children(recursive=True)) < 3:  # agent + 2 workers
+        time.sleep(0.5)
+    kids = proc.children(recursive=True)
+    assert len(kids) >= 3, "the job did not start"
+    caller.send_signal(signal.SIGTERM)
+    assert caller.wait(timeout=60) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs(kids, timeout=30)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"

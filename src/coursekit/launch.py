@@ -159,9 +159,22 @@ def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
     return rank, (text[k:].strip() if k >= 0 else text.strip()[-4000:])
 
 
+def _sigterm_raises():
+    """While a job runs, SIGTERM to this (main-thread) caller raises SystemExit, so the clean-up above stops the
+    job's whole tree instead of orphaning it. Returns the function that puts the old handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
 def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | None = None,
            env: dict | None = None, cwd: str | None = None, stream: bool = True, max_restarts: int = 0,
-           torchrun_args=(), check: bool = True, sandbox=None, diagnose=None) -> LaunchResult:
+           torchrun_args=(), check: bool = True, sandbox=None, on_line=None, diagnose=None) -> LaunchResult:
     """Run ``target`` (a module name like ``coursekit.train`` or a path to a ``.py`` file) on ``nproc`` processes.
 
     ``timeout`` seconds (default $COURSEKIT_LAUNCH_TIMEOUT or 600) bounds the whole job. ``stream`` prints worker
@@ -212,20 +225,24 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
         for raw in proc.stdout:
             line = _PREFIX.sub(lambda m: f"[rank {m.group(1)}] ", raw.rstrip("\n"))
             lines.append(line)
+            if on_line is not None and on_line(line):
+                continue
             if stream:
                 print(line, flush=True)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     timed_out = False
+    restore = _sigterm_raises()
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-    except BaseException:  # KeyboardInterrupt in a notebook: leave nothing behind
+    except BaseException:  # KeyboardInterrupt in a notebook, SIGTERM to the caller: leave nothing behind
         kill_tree(proc.pid)
         raise
     finally:
+        restore()
         if timed_out:
             if diagnose:
                 from coursekit.profiling.hangs import request_dumps
