@@ -1,0 +1,72 @@
+"""Tensor + sequence parallelism (Module 4): equal to one process step by step, collectives per layer equal to the
+volume model, saved activation bytes per TP rank equal to the calculator."""
+import json
+
+import pytest
+
+from coursekit.launch import launch
+from parity import assert_equal_to_single, baseline, train
+
+
+def _config(tmp_path_factory, name, **change):
+    from coursekit.memory import preset, to_hf_config_dict
+
+    d = to_hf_config_dict(preset("tiny-llama")) | change
+    path = tmp_path_factory.mktemp("model") / f"{name}.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def one_kv_head(tmp_path_factory):
+    """A Llama-style config.json with multi-query attention: 1 key/value head, fewer than tp = 2."""
+    return _config(tmp_path_factory, "llama-mqa", num_key_value_heads=1)
+
+
+def test_tp2_with_sequence_parallelism_equals_single(no_orphans):
+    res = train("ddp", 2, "--tp", "2", "--sp")
+    assert_equal_to_single(res, baseline())
+
+
+def test_fewer_kv_heads_than_tp_are_replicated_and_equal_single(one_kv_head, no_orphans):
+    """1 K/V head on 2 TP ranks: both keep it whole, each rank's gradient slice is summed (not refused)."""
+    res = train("ddp", 2, "--model", one_kv_head, "--tp", "2", "--sp")
+    assert_equal_to_single(res, baseline("--model", one_kv_head))
+    for rec in res.results:  # k_proj/v_proj whole on each rank: more than half of the attention weights
+        f = rec["final"]
+        assert 0.5 * 4 * f["num_params"] < f["params_bytes"] < 4 * f["num_params"]
+
+
+@pytest.mark.slow
+def test_tp4_with_replicated_kv_heads_on_a_llama_config_equals_single(tmp_path_factory, no_orphans):
+    """tiny-llama's 2 K/V heads on tp 4 (each kept by 2 ranks), 8 query heads, 3 layers: 4 processes (slow tier)."""
+    cfg = _config(tmp_path_factory, "llama-8h", num_attention_heads=8, num_hidden_layers=3)
+    res = train("ddp", 4, "--model", cfg, "--tp", "4", "--sp")
+    assert_equal_to_single(res, baseline("--model", cfg))
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_collectives_and_saved_bytes_per_tp_rank_equal_the_models(sp, no_orphans):
+    """Per layer: 4 all-reduces of b·s·h without SP; 4 all-gathers + 4 reduce-scatters of the same payload with SP
+    (plus the stage's 2 boundary all-gathers: entering its first block, the backward gathers the gradient; leaving
+    its last, the forward gathers the sequence). Saved bytes per block = ``activation_bytes(tp=2, sp=)`` exactly."""
+    res = launch("coursekit.tp.probe", ["--tp", "2", "--seq", "32", "--micro-batch", "2", *(["--sp"] * sp)],
+                 nproc=2, timeout=300, stream=False)
+    for r in res.results:
+        counted = {(op, n): k for op, n, k in r["counted"]}
+        modelled = {(op, n): k for op, n, k in r["modelled"]}
+        if sp:
+            (ag, payload), = [k for k in modelled if k[0] == "all_gather"]
+            modelled[(ag, payload)] += 2  # the stage boundary (tp/plan.py seq_shard)
+        assert counted == modelled and sum(modelled.values()) == (18 if sp else 8)
+        # every block saves what the calculator predicts; the first block also saves the eager attention's fp32
+        # causal mask (b, 1, s, s), which later blocks share (one storage, counted once)
+        first, *rest = r["saved_per_layer"]
+        assert rest == [r["predicted_per_layer"]] * (r["layers"] - 1)
+        assert first - r["predicted_per_layer"] == 4 * 2 * 32 * 32
+    from coursekit.memory.activations import activation_bytes
+    from coursekit.memory.calculator import resolve_model
+
+    no_sp = sum(activation_bytes(resolve_model("tiny-llama"), 2, 32, dtype="fp32", attention="eager",
+                                 kernels="cpu", tp=2).per_layer.values())  # SP keeps the norms' tensors at s/2
+    assert (res.results[0]["predicted_per_layer"] < no_sp) == sp
