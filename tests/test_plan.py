@@ -322,3 +322,13 @@ def test_cpu_runs_predicted_from_measured_rates(measured, no_orphans, strategy, 
 def test_cpu_more_runs_predicted_from_measured_rates(measured, no_orphans, strategy, nproc):
     pred, meas = _compare(measured, strategy, nproc)
     assert 1 / CPU_FACTOR <= pred / meas <= CPU_FACTOR, (strategy, pred, meas)
+
+
+def test_an_ambiguous_gpu_name_is_refused_with_both_names():
+    from coursekit.plan.hardware import hardware
+
+    with pytest.raises(ValueError, match="ambiguous GPU 'H100': H100-80GB or H100-PCIe"):
+        hardware("H100")
+    with pytest.raises(ValueError, match="A100-40GB or A100-80GB"):
+        hardware("a100")
+    assert hardware("h100-sxm").name == "H100-80GB"

@@ -120,8 +120,10 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     _gpu("MI300X", "MI300X", hbm=5300 * GB, link=448 * GB, link_fraction=0.70, gemm_fraction=0.50,
          attn_fraction=0.30, src="AMD Instinct MI300X data sheet (amd.com), dense peaks"),
 )}
-HARDWARE_ALIASES = {"h100": "H100-80GB", "h100-sxm": "H100-80GB", "h100-sxm-80gb": "H100-80GB", "a100": "A100-80GB",
-                    "h200-141gb": "H200", "mi300x-192gb": "MI300X", "h100-pcie-80gb": "H100-PCIe"}
+# unambiguous spellings only: "H100" (SXM or PCIe?) and "A100" (40 or 80 GB?) are refused with both names, as the
+# memory calculator does, never picked silently
+HARDWARE_ALIASES = {"h100-sxm": "H100-80GB", "h100-sxm-80gb": "H100-80GB", "h200-141gb": "H200",
+                    "mi300x-192gb": "MI300X", "h100-pcie-80gb": "H100-PCIe"}
 
 _G = "line rate per GPU, one NIC per GPU (rail-optimised)"
 NETWORKS: dict[str, Network] = {n.name: n for n in (
@@ -148,6 +150,9 @@ def hardware(name) -> Hardware:
     for k, v in HARDWARE.items():
         if k.lower() == key.lower():
             return v
+    starts = [k for k in HARDWARE if k.lower().startswith(key.lower())] if key else []
+    if len(starts) > 1:
+        raise ValueError(f"ambiguous GPU {name!r}: {' or '.join(starts)}; give the full name")
     raise ValueError(f"unknown GPU {name!r}; known: {', '.join(HARDWARE)} (or describe one with --hardware FILE)")
 
 
