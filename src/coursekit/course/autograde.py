@@ -32,12 +32,13 @@ def prepare_template(course: Course, lab: Lab, dest: Path) -> Path:
     return dest
 
 
-def sandboxed_kernel(isolation, workdir: Path) -> dict:
+def sandboxed_kernel(isolation, workdir: Path, sockets=None) -> dict:
     """Make nbgrader start its kernel in a sandbox; returns the config sections that point it there.
 
     The sockets' folder is a fresh one of its own (not inside ``workdir``, whose path and gradebook the kernel must
-    not see); the caller removes it."""
-    sock = Path(tempfile.mkdtemp(prefix="coursekit-kernel-"))
+    not see), in ``sockets`` (the batch's, which it removes even when a grader is killed) or the temporary folder;
+    the caller removes it."""
+    sock = Path(tempfile.mkdtemp(prefix="kernel-", dir=sockets))
     os.chmod(sock, 0o777)  # the kernel's user creates its sockets here
     if isolation.mechanism == "subuid":
         from coursekit.course.isolation import make_reachable
@@ -56,7 +57,7 @@ def sandboxed_kernel(isolation, workdir: Path) -> dict:
 
 
 def autograde(course: Course, lab: Lab, template: Path, student: str, notebook: Path, workdir: Path,
-              isolation=None) -> dict:
+              isolation=None, sockets=None) -> dict:
     """Run nbgrader's autograde of ``notebook`` for ``student`` in ``workdir`` (a copy of ``template``).
 
     Returns ``{"success", "error", "score", "max_score", "cells": {grade_id: score}, "notebook": path}`` where
@@ -70,7 +71,7 @@ def autograde(course: Course, lab: Lab, template: Path, student: str, notebook: 
     if lab.settings.cell_timeout:
         sections["Execute"] = {"timeout": int(lab.settings.cell_timeout)}
     if isolation is not None and isolation.on:
-        sections.update(sandboxed_kernel(isolation, workdir))
+        sections.update(sandboxed_kernel(isolation, workdir, sockets))
     api = nbgrader_api(course, workdir, **sections)
     try:
         with warnings.catch_warnings():

@@ -160,7 +160,7 @@ def worker_main() -> int:
         t0 = time.monotonic()
         try:
             ag = autograde(course, lab, Path(job["template"]), job["student"], Path(job["notebook"]),
-                           work / "nbgrader", isolation=iso)
+                           work / "nbgrader", isolation=iso, sockets=job.get("kernel_dir"))
         except Exception as e:  # noqa: BLE001 (nbgrader itself failed: the re-check still stands)
             ag = {"success": False, "error": f"{type(e).__name__}: {e}", "score": None, "notebook": None}
         ag["seconds"] = round(time.monotonic() - t0, 2)
@@ -208,6 +208,9 @@ class Batch:
         self.timeout, self.call_timeout = timeout, call_timeout
         self.progress = progress or (lambda msg: None)
         self.tmp = Path(tempfile.mkdtemp(prefix="coursekit-grade-"))
+        # sandboxed kernels' socket folders: apart from self.tmp (a kernel sees its folder's path), removed with it
+        self.kernels = Path(tempfile.mkdtemp(prefix="coursekit-kernels-"))
+        os.chmod(self.kernels, 0o711)
         self.labs: dict = {}
         self.templates: dict[str, Path] = {}
         self.lock = threading.Lock()
@@ -247,7 +250,8 @@ class Batch:
                "template": str(self.templates.get(lab_name, "")), "autograde": lab_name in self.autograde,
                "log": str(work / "grader.log"), "student_log": str(logs / f"{lab_name}.student.log"),
                "call_timeout": self.call_timeout,
-               "isolation": self.isolation.to_dict() if self.isolation is not None else None}
+               "isolation": self.isolation.to_dict() if self.isolation is not None else None,
+               "kernel_dir": str(self.kernels)}
         msgs, killed = self._supervise(job, lab)
         recheck = msgs.get("recheck")
         ag = msgs.get("autograde")
@@ -426,6 +430,7 @@ def grade(course: Course, submissions: str | Path, out: str | Path, *, labs: lis
         if reaper:
             set_subreaper(False)
         shutil.rmtree(batch.tmp, ignore_errors=True)
+        shutil.rmtree(batch.kernels, ignore_errors=True)
 
 
 if __name__ == "__main__":
