@@ -8,8 +8,11 @@ Recovery, per strategy (2 processes, tiny model, checkpoint every 2 steps, rank 
 ``--max-restarts 1``): ``recovery_s`` = from the kill to the end of the first resumed step (the trainer's own
 figure: torchrun notices the dead worker, stops the others, starts the group again, imports, loads the DCP
 checkpoint, runs a step); ``lost steps`` = steps recomputed (kill step - resumed step); ``extra wall s`` = wall time
-of the killed run minus that of the same run uninterrupted. The torchft comparison (a replica group healing from a
-peer, no restart of the world) is not measured here yet.
+of the killed run minus that of the same run uninterrupted. torchft (``coursekit.ft.run``, when torchft is
+installed: ``pip install -e '.[ft]'``): two replica groups, one SIGKILLed at step 10 and restarted; ``recovery_s`` =
+kill -> the restarted group's first step back in the full quorum (it copied the state from its peer); ``lost
+steps`` = steps the survivor did not commit (it went on alone); ``extra wall s`` = the survivor's stall (its longest
+step after the kill minus its median step: torchft's timeout and a new quorum).
 
 MFU: model FLOPs per step (``coursekit.flops``) / median step time / (processes x the measured 1-thread matmul peak
 of the run's dtype, ``coursekit doctor --peak``). The tiny model's matmuls are 64-wide: far from a 512^3 matmul's
@@ -18,6 +21,7 @@ rate, and every step also pays the optimizer loop, norms, the loss all-reduce an
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -62,6 +66,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     steps, seq = (6, 32) if a.quick else (8, 64)
     rec = [recovery(s, steps, seq) for s in (["ddp"] if a.quick else ["ddp", "fsdp2"])]
+    if importlib.util.find_spec("torchft") is not None:
+        from coursekit.ft.run import run as ft_run
+
+        r = ft_run(replicas=2, steps=60 if a.quick else 150, kill_at_step=10, step_ms=200)
+        rec.append({"strategy": "ddp", "path": "torchft heal", "recovery_s": r["heal_s"],
+                    "lost_steps": r["survivor_lost_steps"], "extra_wall_s": r["survivor_stall_s"], "torchft": r})
     use = [mfu(s, steps, seq) for s in (["ddp"] if a.quick else ["single", "ddp", "fsdp2"])]
     print(f"{'strategy':<9} {'path':<20} {'kill->resumed step s':>21} {'lost steps':>10} {'extra wall s':>12}")
     for r in rec:
