@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     if importlib.util.find_spec("torchft") is not None:
         from coursekit.ft.run import run as ft_run
 
-        r = ft_run(replicas=2, steps=60 if a.quick else 150, kill_at_step=10, step_ms=200)
+        r = ft_run(replicas=2, steps=150, kill_at_step=10, step_ms=200)
         rec.append({"strategy": "ddp", "path": "torchft heal", "recovery_s": r["heal_s"],
                     "lost_steps": r["survivor_lost_steps"], "extra_wall_s": r["survivor_stall_s"], "torchft": r})
     use = [mfu(s, steps, seq) for s in (["ddp"] if a.quick else ["single", "ddp", "fsdp2"])]
