@@ -1,21 +1,32 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``: split the model into stages, run a schedule.
 
-Each rank of the ``pp`` sub-mesh keeps one contiguous run of transformer blocks (uneven splits allowed: the first
-``L % pp`` stages get one more); the first stage also keeps the embedding, the last the final norm and the head.
+The model is cut into ``pp · v`` stages of contiguous transformer blocks (uneven splits allowed: the first
+``L % (pp·v)`` stages get one more); stage 0 also keeps the embedding, the last stage the final norm and the head.
+Each rank of the ``pp`` sub-mesh holds ``v`` of them (``coursekit.pp.stages_of``): v = 1 for GPipe and 1F1B; v = 2
+for the interleaved schedules (stages r and r+pp) and the V schedules ZBV / DualPipeV (stages r and 2pp−1−r).
 Blocks of other stages are replaced by a pass-through placeholder, so parameter names keep their global index
 (``model.layers.3...``) and checkpoints of different stages never collide. Stages are made by hand (the
 ``pipeline()`` tracer fails on gloo: HF's rotary cos/sin are views, and gloo sends only contiguous tensors).
 
 The schedule owns the micro-batch loop (``train_step``): GPipe runs every forward, then every backward, so it holds
 the activations of all m micro-batches; 1F1B starts backwards as soon as it can and holds at most p. The bubble is
-(p−1)/(m+p−1) of the step either way. Only the last stage computes a loss.
+(p−1)/(m+p−1) of the step for both, (p−1)/(v·m+p−1) interleaved. Only the last stage computes a loss.
+Every chunk a stage runs is timed (``timeline``): forward, backward (input) and backward (weight) with start and end,
+so the bubble is measured, not assumed (``coursekit.pp.bubble``).
 """
 from __future__ import annotations
+
+import copy
+import time
 
 import torch
 from torch import nn
 
-from coursekit.pp import PipelineOptions
+from coursekit.pp import SCHEDULES, PipelineOptions, stages_of
+
+
+# zero-bubble schedules: backward split into B (input grads) and W (weight grads), see ``check``
+SPLIT_BACKWARD = ("interleaved-zb", "zbv", "dualpipev")
 
 
 class _Skip(nn.Module):
@@ -32,12 +43,34 @@ class StageModule(nn.Module):
         super().__init__()
         self.lm, self.first, self.last = lm, first, last
 
-    def forward(self, x, position_ids=None):
-        # position ids come to every stage from outside (a context-parallel shard starts mid-sequence, and RoPE
-        # rotates each token at its true position in every block)
-        inputs = {"input_ids": x} if self.first else {"inputs_embeds": x}
-        h = self.lm.model(**inputs, position_ids=position_ids).last_hidden_state
+    def forward(self, x):
+        h = self.lm.model(**({"input_ids": x} if self.first else {"inputs_embeds": x})).last_hidden_state
         return (self.lm.lm_head(h) if self.last else h).contiguous()  # gloo sends contiguous tensors only
+
+
+class Chunks(nn.Module):
+    """The stages one rank holds (v > 1): the data-parallel wrap and the optimizer see all their parameters, and
+    every chunk runs through this root's forward (so a composable data-parallel wrap sees each call)."""
+
+    def __init__(self, chunks: list[StageModule]):
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+
+    def forward(self, x, chunk: int):
+        return self.chunks[chunk](x)
+
+
+class _Call(nn.Module):
+    """Chunk ``i`` of a (wrapped) ``Chunks`` root as a module of its own for ``PipelineStage``: its parameters are
+    the chunk's, its forward goes through the root."""
+
+    def __init__(self, root: Chunks, i: int):
+        super().__init__()
+        self.chunk, self.i = root.chunks[i], i
+        object.__setattr__(self, "_root", root)  # not a submodule: the stage's parameters are the chunk's only
+
+    def forward(self, x):
+        return self._root(x, chunk=self.i)
 
 
 def split(num_layers: int, stages: int, stage: int) -> range:
@@ -47,6 +80,17 @@ def split(num_layers: int, stages: int, stage: int) -> range:
     return range(start, start + base + (stage < extra))
 
 
+def cut(model, keep: range, first: bool, last: bool) -> StageModule:
+    for i in range(len(model.model.layers)):
+        if i not in keep:
+            model.model.layers[i] = _Skip()
+    if not first:
+        model.model.embed_tokens = None
+    if not last:
+        model.model.norm, model.lm_head = nn.Identity(), nn.Identity()
+    return StageModule(model, first, last)
+
+
 class Pipeline:
     name = "pp"
 
@@ -54,56 +98,89 @@ class Pipeline:
     def check(cls, opts, dims) -> None:
         from coursekit.memory.calculator import resolve_model
 
-        if resolve_model(opts.train.model).tied_embeddings:
+        shape = resolve_model(opts.train.model)
+        if shape.tied_embeddings:
             raise ValueError(f"--pp with a tied embedding/head ({opts.train.model}) needs their gradients summed "
                              "across the first and last stage, which this pipeline does not do")
+        kind = opts.of(PipelineOptions).pp_schedule
+        _, v, _ = SCHEDULES[kind]
+        if kind in SPLIT_BACKWARD:
+            raise ValueError(f"--pp-schedule {kind} splits each backward into input and weight gradients, and its "
+                             "weight step does not find the parameters behind the trainer's data-parallel wrap "
+                             "(composable replicate); it runs on gloo with bare, unwrapped stages, not in the trainer "
+                             "yet: use interleaved-1f1b or looped-bfs")
+        if v > 1 and dims.size("loss") > 1:
+            raise ValueError(f"--pp-schedule {kind} keeps {v} stages per rank; combining it with data or context "
+                             "parallelism is not supported here (use gpipe or 1f1b)")
+        if shape.layers < dims.pp * v:
+            raise ValueError(f"{shape.layers} layers cannot fill pp {dims.pp} x {v} stages per rank ({kind})")
+        if kind == "dualpipev" and opts.train.grad_accum < 2 * dims.pp:
+            raise ValueError(f"--pp-schedule dualpipev needs at least 2 x pp = {2 * dims.pp} micro-batches "
+                             f"(--grad-accum {opts.train.grad_accum})")
 
     def __init__(self, ctx):
         self.ctx = ctx
-        self.stage_index = ctx.dims.coord(ctx.info.rank, "pp")
-        self.num_stages = ctx.dims.pp
-        self.schedule = None
+        self.kind = ctx.opts.of(PipelineOptions).pp_schedule
+        self.rank = ctx.dims.coord(ctx.info.rank, "pp")
+        self.pp = ctx.dims.pp
+        self.stage_ids = stages_of(self.rank, self.pp, self.kind)
+        self.num_stages = self.pp * len(self.stage_ids)
+        self.stage_index = self.stage_ids[0]
+        self.schedule, self.timeline = None, []
 
     def apply(self, model, strategy):
-        s, n = self.stage_index, self.num_stages
-        first, last = s == 0, s == n - 1
-        keep = split(len(model.model.layers), n, s)
-        for i in range(len(model.model.layers)):
-            if i not in keep:
-                model.model.layers[i] = _Skip()
-        if not first:
-            model.model.embed_tokens = None
-        if not last:
-            model.model.norm, model.lm_head = nn.Identity(), nn.Identity()
+        n, L = self.num_stages, len(model.model.layers)
+        copies = [model] + [copy.deepcopy(model) for _ in self.stage_ids[1:]]
+        mods = [cut(m, split(L, n, s), s == 0, s == n - 1) for m, s in zip(copies, self.stage_ids)]
         strategy.pipeline = self
-        return StageModule(model, first, last)
+        return mods[0] if len(mods) == 1 else Chunks(mods)
 
     def attach(self, module: nn.Module) -> None:
-        """Build the stage and schedule around the (data-parallel wrapped) stage module."""
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        """Build the stages and the schedule around the (data-parallel wrapped) stage module(s)."""
+        import torch.distributed.pipelining as pipelining
+        from torch.distributed.pipelining import PipelineStage
 
         from coursekit.train.loss import cross_entropy
 
-        self.stage = PipelineStage(module, self.stage_index, self.num_stages, self.ctx.device,
-                                   group=self.ctx.mesh["pp"].get_group())
-        kind = self.ctx.opts.of(PipelineOptions).pp_schedule
-        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind]
+        group = self.ctx.mesh["pp"].get_group()
+        mods = [_Call(module, i) for i in range(len(module.chunks))] if isinstance(module, Chunks) else [module]
+        self.stages = [PipelineStage(m, s, self.num_stages, self.ctx.device, group=group)
+                       for m, s in zip(mods, self.stage_ids)]
+        for st in self.stages:
+            self._time(st)
+        cls = getattr(pipelining.schedules, SCHEDULES[self.kind][0])
         self.n_micro = self.ctx.opts.train.grad_accum
+        arg = self.stages[0] if len(self.stages) == 1 else self.stages
         # scale_grads: gradients are divided by the number of micro-batches, as the plain loop's loss / n does
-        self.schedule = cls(self.stage, n_microbatches=self.n_micro, loss_fn=cross_entropy, scale_grads=True)
+        self.schedule = cls(arg, n_microbatches=self.n_micro, loss_fn=cross_entropy, scale_grads=True)
+
+    def _time(self, stage) -> None:
+        """Record (stage, kind, micro-batch, start, end) for every chunk this stage runs (perf_counter: one clock
+        for all processes of a machine)."""
+        for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"), ("W", "backward_weight_one_chunk")):
+            fn = getattr(stage, name)
+
+            def timed(mb, *a, _fn=fn, _kind=kind, **k):
+                t0 = time.perf_counter()
+                try:
+                    return _fn(mb, *a, **k)
+                finally:
+                    self.timeline.append((stage.stage_index, _kind, mb, t0, time.perf_counter()))
+            setattr(stage, name, timed)
 
     def train_step(self, strategy, micro_batches: list) -> torch.Tensor | None:
+        import torch.distributed as dist
+
         x = torch.cat([b.input_ids for b in micro_batches])
         y = torch.cat([b.labels for b in micro_batches])
-        pos = torch.cat([b.position_ids for b in micro_batches])  # kwargs reach every stage, split like x
+        first, last = 0 in self.stage_ids, self.num_stages - 1 in self.stage_ids
         losses: list = []
+        self.timeline = []
         with strategy.autocast():
-            if self.stage_index == 0:
-                self.schedule.step(x, target=y if self.num_stages == 1 else None, position_ids=pos)
-            elif self.stage_index == self.num_stages - 1:
-                self.schedule.step(target=y, losses=losses, position_ids=pos)
-            else:
-                self.schedule.step(position_ids=pos)
-        if not losses:
-            return None
-        return torch.stack([l.detach().float() for l in losses]).mean()
+            self.schedule.step(*([x] if first else []), **({"target": y, "losses": losses} if last else {}))
+        loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else None
+        if SCHEDULES[self.kind][2] == "v" and self.pp > 1:  # the last stage sits on pp rank 0: hand its loss on
+            t = loss if loss is not None else torch.zeros((), device=self.ctx.device)
+            dist.broadcast(t, group_src=0, group=self.ctx.mesh["pp"].get_group())
+            loss = t
+        return loss
