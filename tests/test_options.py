@@ -14,7 +14,7 @@ FROZEN = {
     "train": ["--model", "--steps", "--seq", "--micro-batch", "--global-batch", "--grad-accum", "--microbatches",
               "--dtype", "--attention", "--lr", "--weight-decay", "--seed", "--data", "--recompute", "--compile"],
     "parallel": ["--strategy", "--dp-replicate", "--dp-shard", "--tp", "--pp", "--cp"],
-    "ckpt": ["--ckpt-dir", "--save-every"],
+    "ckpt": ["--ckpt-dir", "--save-every", "--async-ckpt"],
     "profile": ["--profile-dir", "--profile-steps"],
     "faults": ["--crash-at-step", "--kill-at-step", "--kill-rank", "--kill-in-save", "--slow-rank",
                "--slow-ms"],
@@ -23,7 +23,8 @@ FROZEN = {
     "zero0-zero3, deepspeed (only with zero0-zero3, deepspeed)": ["--ds-config"],
     "pp (only with pp)": ["--pp-schedule"],
     "tp (only with tp)": ["--sp"],
-    "fsdp2, hsdp (only with fsdp2, hsdp)": ["--reshard-after-forward", "--wrap", "--offload", "--prefetch"],
+    "fsdp2, hsdp, fsdp1 (only with fsdp2, hsdp, fsdp1)": ["--reshard-after-forward", "--wrap", "--offload",
+                                                          "--prefetch"],
     "cp (only with cp)": ["--cp-impl"],
 }
 

@@ -78,6 +78,9 @@ class CheckpointOptions:
     """Checkpoint folder (torch.distributed.checkpoint); a run resumes from its latest complete step."""
     save_every: int = 0
     """Checkpoint every K steps (and at the end); needs --ckpt-dir."""
+    async_ckpt: str = field(default="none", metadata={"choices": ("none", "thread", "process")})
+    """dcp.async_save on its own gloo group: thread or process writes in the background while training goes on
+    (the loop is blocked only while the state is staged); none: dcp.save."""
 
 
 @dataclass(kw_only=True)

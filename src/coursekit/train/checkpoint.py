@@ -17,9 +17,14 @@ from pathlib import Path
 
 
 class Checkpointer:
-    def __init__(self, ckpt_dir: str | os.PathLike, info, save_every: int = 0):
+    def __init__(self, ckpt_dir: str | os.PathLike, info, save_every: int = 0, async_mode: str = "none"):
         self.dir, self.info, self.save_every = Path(ckpt_dir), info, save_every
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.async_mode, self.blocked_s, self._pending, self._group = async_mode, [], None, None
+        if async_mode != "none":  # on the default gloo group a background save mixes with training's collectives
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
 
     def latest(self) -> int | None:
         f = self.dir / "latest"
@@ -44,19 +49,57 @@ class Checkpointer:
         return bool(self.save_every) and step_done % self.save_every == 0
 
     def save(self, strategy, step: int, before_marker=None) -> None:
-        import torch.distributed as dist
+        """Save ``step``. Sync: returns when the checkpoint is complete. ``--async-ckpt thread|process``: returns once
+        the state is staged (copied to host memory); the write finishes in the background while training goes on,
+        and its marker is written when the next save (or ``finish``) waits for it, so every rank runs the same steps
+        meanwhile. The time the loop is blocked here is kept in ``blocked_s``."""
+        import time
+
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(strategy.state_dict(), checkpoint_id=str(self.dir / f"step-{step}"))
+        t0 = time.perf_counter()
+        self.finish()  # a save still in flight completes (and gets its marker) before the next one starts
+        cid = self.dir / f"step-{step}"
+        if self.async_mode == "none":
+            dcp.save(strategy.state_dict(), checkpoint_id=str(cid))
+            fut = None
+        else:
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+            kind = AsyncCheckpointerType.PROCESS if self.async_mode == "process" else AsyncCheckpointerType.THREAD
+            fut = dcp.async_save(strategy.state_dict(), checkpoint_id=str(cid), process_group=self._group,
+                                 async_checkpointer_type=kind)
+            fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse in some versions
+        cid.mkdir(parents=True, exist_ok=True)
+        torch_save(rng_state(), cid / f"rng-rank{self.info.rank}.pt")  # this step's generators, not the finish's
+        self._pending = (fut, step, before_marker)
+        if fut is None:
+            self.finish()
+        self.blocked_s.append(time.perf_counter() - t0)
+
+    def finish(self) -> None:
+        """Wait for the save in flight (if any), then write its marker: all ranks meet, rank 0 renames."""
+        import torch.distributed as dist
+
+        if self._pending is None:
+            return
+        fut, step, before_marker = self._pending
+        self._pending = None
+        if fut is not None:
+            fut.result()
         if before_marker:  # fault injection (--kill-in-save): die with the shards written, no marker yet
             before_marker(step)
-        torch_save(rng_state(), self.dir / f"step-{step}" / f"rng-rank{self.info.rank}.pt")
         dist.barrier()
         if self.info.is_main:  # the marker is written last, so a crash mid-save never points at half a checkpoint
             tmp = self.dir / "latest.tmp"
             tmp.write_text(str(step))
             os.replace(tmp, self.dir / "latest")
         dist.barrier()
+
+    def stats(self) -> dict:
+        """For the final record: how the loop was blocked by checkpoints (sync vs async)."""
+        return {"ckpt_async": self.async_mode, "ckpt_saves": len(self.blocked_s),
+                "ckpt_blocked_s": sum(self.blocked_s), "ckpt_blocked_each_s": list(self.blocked_s)}
 
 
 def rng_state() -> dict:

@@ -48,7 +48,8 @@ def run(opts) -> dict:
         ds = make_dataset(t.data, seq_len=t.seq + 1, num_samples=max(256, 4 * t.global_batch), seed=t.seed)
         batch_rank, cp_rank = dims.coord(info.rank, "batch"), dims.coord(info.rank, "cp")
         cp_layout = data_layout(opts, dims)
-        ckpt = Checkpointer(opts.ckpt.ckpt_dir, info, opts.ckpt.save_every) if opts.ckpt.ckpt_dir else None
+        ckpt = (Checkpointer(opts.ckpt.ckpt_dir, info, opts.ckpt.save_every, opts.ckpt.async_ckpt)
+                if opts.ckpt.ckpt_dir else None)
         resumed = ckpt.resume(strategy) if ckpt else None
         start = resumed or 0
         records, tokens_per_step = [], t.global_batch * t.seq
@@ -84,8 +85,12 @@ def run(opts) -> dict:
                 prof.step()
                 if ckpt and ckpt.due(step + 1):
                     ckpt.save(strategy, step + 1, before_marker=in_save)
+        if ckpt:
+            ckpt.finish()  # an async save in flight completes before the final one is considered
         if ckpt and records and ckpt.latest() != t.steps:
             ckpt.save(strategy, t.steps, before_marker=in_save)
+        if ckpt:
+            ckpt.finish()
         use = (utilisation(step_flops(opts), step_time_s=typical_step_time(records), devices=info.world_size,
                            peak=device_peak(info.device, t.dtype)) if records else {})
         stragglers = gather_and_find(records, info.rank, colls)
@@ -99,6 +104,7 @@ def run(opts) -> dict:
                  "num_params": num_params,
                  "param_sq_sum": strategy.param_sq_sum(),
                  **use, "stragglers": stragglers,
+                 **(ckpt.stats() if ckpt else {}),
                  **(strategy.last_state_bytes or {})}
         # free the wrapped model (DDP's reducer, DeepSpeed's engine) while the process group still exists: left to
         # the garbage collector after teardown, a gloo reducer's destructor can block forever
