@@ -31,6 +31,7 @@ STRATEGIES = {
     "deepspeed": Entry("coursekit.zero.strategy:ZeRO"),
     "fsdp2": Entry("coursekit.fsdp.strategy:FSDP2", flavour="shard"),
     "hsdp": Entry("coursekit.fsdp.strategy:HSDP", flavour="hybrid"),
+    "fsdp1": Entry("coursekit.fsdp.fsdp1:FSDP1", flavour="shard"),
 }
 
 # model transforms, in the order compose.py applies them (torchtitan's): PP split, TP, CP, then activation
@@ -48,7 +49,7 @@ OPTIONS = {
     "coursekit.zero:ZeROOptions": ("zero0", "zero1", "zero2", "zero3", "deepspeed"),
     "coursekit.pp:PipelineOptions": ("pp",),
     "coursekit.tp:TPOptions": ("tp",),
-    "coursekit.fsdp:FSDPOptions": ("fsdp2", "hsdp"),
+    "coursekit.fsdp:FSDPOptions": ("fsdp2", "hsdp", "fsdp1"),
     "coursekit.cp.options:CPOptions": ("cp",),
 }
 
@@ -79,7 +80,7 @@ def parallelism(name: str):
 
 def option_groups() -> list[tuple[type, str]]:
     """(dataclass, owner label) for every component group."""
-    return [(_load(t), ", ".join(owners) if len(owners) < 3 else f"{owners[0]}-{owners[-2]}, {owners[-1]}")
+    return [(_load(t), ", ".join(owners) if len(owners) < 4 else f"{owners[0]}-{owners[-2]}, {owners[-1]}")
             for t, owners in OPTIONS.items()]
 
 
