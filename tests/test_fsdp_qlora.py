@@ -1,0 +1,99 @@
+"""QLoRA + FSDP2: a frozen NF4 base (torchao) with peft LoRA adapters, sharded by fully_shard per block then root.
+
+In process: the merge check (dequantized base + scaling·B·A equals the LoRA module's forward) and the trainable
+parameter count. On 2 gloo ranks (``qlora_run``): the loss goes down; what each rank holds (4-bit data + scalers,
+adapters, adapter AdamW states) equals ``coursekit.fsdp.qlora.predicted_bytes`` (tiny-llama: 26,152 B of NF4 base
+per rank, where the same weights take 92,160 B in bf16). bitsandbytes: GPU only.
+"""
+import pytest
+import torch
+
+from coursekit.fsdp.qlora import TARGETS, lora_params, predicted_bytes, qlora_model
+from coursekit.memory.calculator import resolve_model
+
+RUN = '''
+import torch
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from coursekit.dist import session
+from coursekit.fsdp.qlora import qlora_model
+from coursekit.launch import report
+from coursekit.measure import state_bytes
+from coursekit.models import blocks
+from coursekit.parallel.api import adamw
+from coursekit.train.loss import cross_entropy
+with session(seed=0) as info:
+    m = qlora_model("tiny-llama")
+    for b in blocks(m.base_model.model):
+        fully_shard(b)
+    fully_shard(m)
+    opt = adamw([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+    x = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for s in range(4):
+        loss = cross_entropy(m(input_ids=x[:, :-1]).logits, x[:, 1:])
+        loss.backward()
+        opt.step()
+        held = state_bytes(m, opt)
+        opt.zero_grad()
+        losses.append(loss.item())
+    kinds = {"nf4_base": 0, "rest": 0, "adapters": 0}
+    for n, p in m.named_parameters():
+        loc = p.to_local() if isinstance(p, DTensor) else p
+        if type(loc).__name__ == "NF4Tensor":
+            kinds["nf4_base"] += sum(getattr(loc, k).untyped_storage().nbytes() for k in loc.__tensor_flatten__()[0])
+        else:
+            kinds["adapters" if p.requires_grad else "rest"] += loc.untyped_storage().nbytes()
+    report({"losses": losses, "held": held, "kinds": kinds,
+            "trainable": sum(p.numel() for p in m.parameters() if p.requires_grad)})
+'''
+
+
+def test_trainable_count_and_merge_check():
+    shape = resolve_model("tiny-llama")
+    m = qlora_model("tiny-llama", r=8)
+    assert sum(p.numel() for p in m.parameters() if p.requires_grad) == lora_params(shape, 8)
+    layer = m.base_model.model.model.layers[0].mlp.gate_proj
+    with torch.no_grad():  # a nonzero B (peft starts it at 0) so the merge really adds B·A
+        layer.lora_B["default"].weight.normal_()
+    x = torch.randn(3, shape.hidden)
+    w = layer.base_layer.weight.get_original_weight()  # NF4 dequantized
+    s = layer.scaling["default"]
+    merged = w + s * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+    with torch.no_grad():
+        assert torch.allclose(layer(x), x @ merged.T, atol=1e-5)
+    assert len(TARGETS) == 7
+
+
+@pytest.fixture(scope="module")
+def qlora_run():
+    from coursekit.launch import launch_code
+
+    return launch_code(RUN, nproc=2, timeout=600, stream=False)
+
+
+def test_qlora_fsdp2_trains_and_holds_predicted_bytes(qlora_run, no_orphans):
+    want = predicted_bytes(resolve_model("tiny-llama"), shard=2)
+    for r in qlora_run.results:
+        assert r["losses"][-1] < r["losses"][0]
+        assert r["trainable"] == want["trainable_params"]
+        k = r["kinds"]
+        assert (k["nf4_base"], k["rest"], k["adapters"]) == (want["nf4_base"], want["rest"], want["adapters"])
+        assert r["held"]["optimizer_bytes"] == want["adapter_optimizer"]
+        assert want["nf4_base"] < want["bf16_base_bytes"] / 3  # ~4.5 bits a weight against bf16's 16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bitsandbytes' FSDP recipe (quant_storage=bf16, "
+                    "quant_state copied to every rank) is the GPU path; on CPU FSDP2 shards it only through bnb's "
+                    "re-wrap hack (field notes), so the course shows torchao's NF4Tensor there")
+def test_bitsandbytes_4bit_gpu_recipe(tmp_path):
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from coursekit.models import build_model
+
+    build_model("tiny-llama", seed=0).save_pretrained(tmp_path)
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+                           bnb_4bit_quant_storage=torch.bfloat16)
+    m = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=q, device_map="cuda")
+    x = torch.randint(0, 256, (2, 16), device="cuda")
+    assert torch.isfinite(m(input_ids=x).logits).all()
