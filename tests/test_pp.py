@@ -56,6 +56,7 @@ def test_stages_per_rank_follow_the_schedules_layout():
 @pytest.mark.parametrize("args,needle", [
     (["--pp", "2", "--pp-schedule", "interleaved-1f1b"], "2 layers cannot fill pp 2 x 2 stages per rank"),
     (["--pp", "2", "--nproc", "4", "--pp-schedule", "looped-bfs"], "keeps 2 stages per rank"),
+    (["--pp", "2", "--pp-schedule", "1f1b"], "needs at least pp = 2 micro-batches"),
 ])
 def test_schedules_that_cannot_run_are_refused_before_launch(args, needle):
     from coursekit.train.launcher import plan

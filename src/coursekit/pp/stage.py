@@ -114,6 +114,9 @@ class Pipeline:
                              "parallelism is not supported here (use gpipe or 1f1b)")
         if shape.layers < dims.pp * v:
             raise ValueError(f"{shape.layers} layers cannot fill pp {dims.pp} x {v} stages per rank ({kind})")
+        if kind != "gpipe" and opts.train.grad_accum < dims.pp:
+            raise ValueError(f"--pp-schedule {kind} needs at least pp = {dims.pp} micro-batches (--grad-accum "
+                             f"{opts.train.grad_accum}); GPipe runs with fewer")
         if kind == "dualpipev" and opts.train.grad_accum < 2 * dims.pp:
             raise ValueError(f"--pp-schedule dualpipev needs at least 2 x pp = {2 * dims.pp} micro-batches "
                              f"(--grad-accum {opts.train.grad_accum})")
