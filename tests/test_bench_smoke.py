@@ -33,6 +33,7 @@ def test_bench_memory():
         assert math.isfinite(d[key]) and d[key] > 0, (key, d[key])
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_bench_comm(tmp_path, no_orphans):
     out = bench("bench_comm.py", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1", "--nproc", "2",
                 "--out", str(tmp_path))
@@ -54,6 +55,7 @@ def test_bench_comm(tmp_path, no_orphans):
         assert [float(c) for c in cells[1:]] == pytest.approx([busbw[op] for op in ops], abs=6e-4)
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_bench_foundation(no_orphans):
     seq, batch = 16, 8
     out = bench("bench_foundation.py", "--steps", "3", "--repeats", "1", "--seq", str(seq), "--global-batch",
@@ -85,6 +87,7 @@ def _zero_rows(tmp_path, points):
     return rows
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_bench_zero(tmp_path, no_orphans):
     rows = _zero_rows(tmp_path, ZERO_POINTS)
     assert rows["zero0"]["cpu_bytes"] == rows["zero3"]["cpu_bytes"] == 0
@@ -99,6 +102,7 @@ def test_bench_zero_offload(tmp_path, no_orphans):
     assert rows["zero2+opt>cpu"]["cpu_bytes"] > 0
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_bench_grading_on_the_toy_course(tmp_path):
     import test_course_toy as toy  # the course tests' toy lab: square (2 points) and hypot (3 points)
 

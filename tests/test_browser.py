@@ -101,6 +101,7 @@ def _run_cell(page, grade_id: str, timeout_s: float = 240) -> str:
         const out = w.node.querySelector('.jp-OutputArea'); return out ? out.innerText : ''; }""", index)
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_learner_runs_lab1_and_reads_a_failed_job(browser, server):
     t0 = time.monotonic()
     page = _open(browser, server, "labs/lab1_memory/lab1_memory.ipynb")
@@ -126,6 +127,7 @@ def test_instructor_runs_the_solution_notebook(browser, server):
     page.close()
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_formgrader_assignment_list_and_saving_a_lab(browser, server):
     page = _open(browser, server, "labs/lab2_zero/lab2_zero.ipynb")
     page.locator(".jp-Notebook:visible").first.click()  # the workspace may hold hidden tabs of earlier pages

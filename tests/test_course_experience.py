@@ -130,6 +130,7 @@ def graded(tmp_path_factory):
     return {"course": course, "rows": {(r.student, r.lab): r for r in rows}, "out": root / "out"}
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_a_lab_not_submitted_is_missing_and_no_zero(graded):
     rows, out = graded["rows"], graded["out"]
     assert set(rows) == {("alice", "exp"), ("alice", "exp2"), ("bob", "exp"), ("bob", "exp2")}
@@ -143,6 +144,7 @@ def test_a_lab_not_submitted_is_missing_and_no_zero(graded):
     assert sorted(data["exp"]["plan"]) == [(0.0, 2.0), (2.0, 2.0)]
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_grading_defaults_to_the_labs_that_were_submitted(graded, tmp_path):
     course, subs = graded["course"], graded["out"].parent / "submitted"
     assert submitted_labs(course, subs) == ["exp", "exp2"]
@@ -151,6 +153,7 @@ def test_grading_defaults_to_the_labs_that_were_submitted(graded, tmp_path):
     assert [(r.student, r.lab, r.status) for r in rows] == [("bob", "exp2", "missing")]  # named: graded, missing
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_an_unfinished_function_is_reported_as_not_implemented(graded):
     r = graded["rows"][("bob", "exp")]
     assert (r.score, r.exercises["plot"], r.exercises["plan"]) == (2, [2.0, 2.0], [0.0, 2.0])
@@ -158,6 +161,7 @@ def test_an_unfinished_function_is_reported_as_not_implemented(graded):
     assert "NameError" not in r.reason
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_feedback_keeps_instructions_and_the_students_own_work(graded):
     lab = read_lab(graded["course"], "exp")
     assert SELF_CHECK in hidden_lines(lab)  # bob's line is a hidden-test line: a text filter would remove his cell
@@ -177,6 +181,7 @@ def test_feedback_keeps_instructions_and_the_students_own_work(graded):
     assert "keep the answer in PLAN" in page and "_got = plan(40," not in page
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_executed_notebook_and_feedback_show_the_figure_once(graded):
     executed = nbformat.read(graded["out"] / "results" / "alice" / "exp.ipynb", as_version=4)
     images = {_gid(c): sum("image/png" in o.get("data", {}) for o in c.outputs)

@@ -319,12 +319,14 @@ def fields(r):
     return r.score, r.max_score, r.nbgrader_score, r.status, r.reason, r.exercises
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_honest_students_graded_as_without_the_hostile_ones(hostile):
     for name in ("solution", "partial"):
         assert fields(hostile["rows"][name]) == fields(hostile["control"][name]), name
     assert hostile["rows"]["solution"].score == 5 and hostile["rows"]["partial"].score == 2
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_nothing_outside_the_sandbox_changed(hostile):
     before, after = hostile["before"], hostile["after"]
     assert after["home"] == before["home"]
@@ -340,6 +342,7 @@ def test_nothing_outside_the_sandbox_changed(hostile):
     assert hostile["left"] == []  # no process of a sandbox outlived the batch
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_intruder_is_contained_in_the_kernel_and_in_the_recheck(hostile):
     r = hostile["rows"]["intruder"]
     # square right: the top-level attempts failed as they must, in the re-check's process and (nbgrader's score)
@@ -349,6 +352,7 @@ def test_intruder_is_contained_in_the_kernel_and_in_the_recheck(hostile):
     assert "DONE" not in r.reason and all(e in r.reason for e in INTRUDER_EXPECTED), r.reason
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_hog_is_bounded_by_the_limits(hostile):
     r = hostile["rows"]["hog"]
     # hypot right: every limit held at the top level, in the re-check and (nbgrader's score) in the kernel

@@ -49,6 +49,7 @@ def test_hsdp_2x2_equals_single(no_orphans):
     assert held[0] == held[2] and held[1] == held[3]  # replicas hold the same shard
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_fsdp2_x_tp2_equals_single(no_orphans):
     assert_equal_to_single(train("fsdp2", 4, "--tp", "2"), baseline())
 

@@ -32,6 +32,7 @@ def test_fsdp1_other_strategies_equal_single(extra, no_orphans):
     assert_equal_to_single(res, baseline())
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_fsdp2_cpu_offload_equals_single(no_orphans):
     # CPUOffloadPolicy(pin_memory=False): sharded params, grads and AdamW states on the host, the step runs there
     res = train("fsdp2", 2, "--offload", "cpu")
@@ -40,6 +41,7 @@ def test_fsdp2_cpu_offload_equals_single(no_orphans):
         assert r["final"]["params_bytes"] == 4 * r["final"]["num_params"] // 2  # still sharded: half each
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_fsdp2_bf16_drift_is_bounded(no_orphans):
     """MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): forward/backward see bf16 copies of the fp32
     shards. bf16 keeps 8 significant bits, so each matmul output carries a relative rounding error of up to 2^-8

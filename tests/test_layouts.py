@@ -38,6 +38,7 @@ def three_layers(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_uneven_1f1b_pipeline_equals_single(three_layers, no_orphans):
     """3 blocks on 2 stages (2 + 1), 4 micro-batches, the 1F1B schedule."""
     res = train("ddp", 2, "--model", three_layers, "--pp", "2", "--grad-accum", "4", "--pp-schedule", "1f1b")

@@ -28,6 +28,7 @@ def test_tp2_with_sequence_parallelism_equals_single(no_orphans):
     assert_equal_to_single(res, baseline())
 
 
+@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_fewer_kv_heads_than_tp_are_replicated_and_equal_single(one_kv_head, no_orphans):
     """1 K/V head on 2 TP ranks: both keep it whole, each rank's gradient slice is summed (not refused)."""
     res = train("ddp", 2, "--model", one_kv_head, "--tp", "2", "--sp")
