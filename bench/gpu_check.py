@@ -381,7 +381,8 @@ def _single(device: str, *, lr: float, compile: bool = False):
 # --------------------------------------------------------------------------------------------------- MFU
 def mfu_worker(cfg: dict) -> dict:
     """One MFU variant (run in its own process): the trainer's step, timed, then profiled for a few steps."""
-    from coursekit.data import Batch
+    from types import SimpleNamespace
+
     from coursekit.models import build_model
     from coursekit.profiling import maybe_profile
 
@@ -400,7 +401,8 @@ def mfu_worker(cfg: dict) -> dict:
             ids = torch.randint(0, shape.vocab, (b, cfg["seq"]), device=device)
 
             pos = torch.arange(cfg["seq"], device=device).expand(b, -1)
-            batch = Batch(ids, ids, pos)  # labels = inputs: the FLOPs and bytes of a step do not depend on them
+            # a micro-batch as coursekit.data makes it (labels = inputs: a step's FLOPs and bytes do not depend on them)
+            batch = SimpleNamespace(input_ids=ids, labels=ids, position_ids=pos)
 
             def step():
                 strat.train_step([batch])  # the trainer's step
