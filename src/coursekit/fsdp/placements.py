@@ -20,7 +20,7 @@ def describe(model: torch.nn.Module) -> list[dict]:
             local = p.to_local()
             mesh = p.device_mesh
             axes = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
-            rows.append({"name": name, "placements": tuple(str(x) for x in p.placements),
+            rows.append({"name": name, "placements": tuple(repr(x) for x in p.placements),
                          "global_shape": tuple(p.shape), "local_shape": tuple(local.shape),
                          "mesh": " x ".join(f"{a}({s})" for a, s in zip(axes, mesh.shape)),
                          "bytes": local.untyped_storage().nbytes(), "dtype": str(p.dtype).removeprefix("torch.")})
