@@ -43,8 +43,11 @@ class StageModule(nn.Module):
         super().__init__()
         self.lm, self.first, self.last = lm, first, last
 
-    def forward(self, x):
-        h = self.lm.model(**({"input_ids": x} if self.first else {"inputs_embeds": x})).last_hidden_state
+    def forward(self, x, position_ids=None):
+        # position ids reach every stage from outside: a context-parallel shard starts mid-sequence, and RoPE
+        # rotates each token at its true position in every block
+        inputs = {"input_ids": x} if self.first else {"inputs_embeds": x}
+        h = self.lm.model(**inputs, position_ids=position_ids).last_hidden_state
         return (self.lm.lm_head(h) if self.last else h).contiguous()  # gloo sends contiguous tensors only
 
 
@@ -56,8 +59,8 @@ class Chunks(nn.Module):
         super().__init__()
         self.chunks = nn.ModuleList(chunks)
 
-    def forward(self, x, chunk: int):
-        return self.chunks[chunk](x)
+    def forward(self, x, chunk: int, position_ids=None):
+        return self.chunks[chunk](x, position_ids=position_ids)
 
 
 class _Call(nn.Module):
@@ -69,8 +72,8 @@ class _Call(nn.Module):
         self.chunk, self.i = root.chunks[i], i
         object.__setattr__(self, "_root", root)  # not a submodule: the stage's parameters are the chunk's only
 
-    def forward(self, x):
-        return self._root(x, chunk=self.i)
+    def forward(self, x, position_ids=None):
+        return self._root(x, chunk=self.i, position_ids=position_ids)
 
 
 def split(num_layers: int, stages: int, stage: int) -> range:
@@ -176,11 +179,13 @@ class Pipeline:
 
         x = torch.cat([b.input_ids for b in micro_batches])
         y = torch.cat([b.labels for b in micro_batches])
+        pos = torch.cat([b.position_ids for b in micro_batches])  # kwargs reach every stage, split like x
         first, last = 0 in self.stage_ids, self.num_stages - 1 in self.stage_ids
         losses: list = []
         self.timeline = []
         with strategy.autocast():
-            self.schedule.step(*([x] if first else []), **({"target": y, "losses": losses} if last else {}))
+            self.schedule.step(*([x] if first else []), position_ids=pos,
+                               **({"target": y, "losses": losses} if last else {}))
         loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else None
         if SCHEDULES[self.kind][2] == "v" and self.pp > 1:  # the last stage sits on pp rank 0: hand its loss on
             t = loss if loss is not None else torch.zeros((), device=self.ctx.device)
