@@ -4,6 +4,9 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run(*args, timeout=300):
@@ -71,6 +74,20 @@ def test_demo_tour_module_1_predicts_and_measures(no_orphans):
     states = next(c for c in checks if c["what"].startswith("model states"))
     assert states["predicted"].split()[0] == states["measured"].split()[0]  # the same byte count, printed twice
     assert "module 1:" in out.stdout  # progress while it runs
+
+
+def test_the_tour_is_found_from_each_modules_own_folder():
+    """Every course module with a lab has a tour, found from its folder's tour.py (no list to edit)."""
+    from coursekit import tour
+    from coursekit.course.config import Course
+
+    labs = {json.loads((REPO / "solutions" / n / "lab.json").read_text())["module"] for n in Course(REPO).lab_names()}
+    assert labs <= set(tour.TOURS), f"a lab's module has no tour: {sorted(labs - set(tour.TOURS))}"
+    assert sorted(tour.TOURS) == [1, 2, 3, 4, 5]
+    for m, (title, target) in tour.TOURS.items():
+        mod, fn = target.split(":")
+        assert title and mod.startswith("coursekit.") and mod.endswith(".tour") and fn == "checks"
+        assert __import__("importlib").import_module(mod).MODULE == m
 
 
 def test_demo_exits_1_when_a_check_disagrees(monkeypatch, capsys):

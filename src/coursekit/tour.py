@@ -1,23 +1,34 @@
 """The tour behind ``coursekit demo``: per course module, real runs on 2–4 processes and one row per check — what the
 course predicts, what was measured, whether they agree.
 
-Each module contributes one function ``checks(tour) -> list[Check]`` in its own folder and one line in ``TOURS``
-below; ``coursekit demo`` never changes. ``Tour`` gives them a shared, cached way to run the trainer, so a
+Each course module contributes a ``tour.py`` in its own folder (``coursekit/<folder>/tour.py``) that declares
+``MODULE`` (its number in the course), ``TITLE`` and a function ``checks(tour) -> list[Check]``; ``TOURS`` is found
+from those files, so the tour grows as modules land and neither this file nor ``coursekit demo`` changes. ``Tour`` gives them a shared, cached way to run the trainer, so a
 single-process baseline is trained once for every module that compares with it.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import pkgutil
 import time
 from dataclasses import asdict, dataclass, field
 
-TOURS = {  # module -> "module:function" (each module's own checks, in its folder)
-    1: ("Memory math and collectives", "coursekit.measure.tour:checks"),
-    2: ("DeepSpeed ZeRO", "coursekit.zero.tour:checks"),
-    3: ("FSDP2 and DCP checkpoints", "coursekit.fsdp.tour:checks"),
-    4: ("Tensor, pipeline and context parallelism", "coursekit.pp.tour:checks"),
-    5: ("Profiling and fault recovery", "coursekit.profiling.tour:checks"),
-}
+
+def discover() -> dict[int, tuple[str, str]]:
+    """Course module -> (title, "package.tour:checks"), from every ``coursekit/<folder>/tour.py``."""
+    import coursekit
+
+    found: dict[int, tuple[str, str]] = {}
+    for info in pkgutil.iter_modules(coursekit.__path__):
+        name = f"coursekit.{info.name}.tour"
+        if not info.ispkg or importlib.util.find_spec(name) is None:
+            continue
+        mod = importlib.import_module(name)  # light: a tour imports its heavy parts inside checks()
+        if mod.MODULE in found:
+            raise RuntimeError(f"two tours claim module {mod.MODULE}: {found[mod.MODULE][1]} and {name}")
+        found[mod.MODULE] = (mod.TITLE, f"{name}:checks")
+    return dict(sorted(found.items()))
 
 
 @dataclass
@@ -108,3 +119,6 @@ def table(checks: list[Check]) -> str:
 
 def as_json(checks: list[Check]) -> list[dict]:
     return [asdict(c) for c in checks]
+
+
+TOURS = discover()  # module -> (title, "module:function"); last, as each tour imports Check from here

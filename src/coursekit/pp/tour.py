@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from coursekit.tour import Check
 
+MODULE, TITLE = 4, "Tensor, pipeline and context parallelism"  # found by coursekit.tour.discover()
+
 
 def checks(tour) -> list[Check]:
     runs = [("DDP x TP=2 on 4 processes = 1 process", ("ddp", 4, "--tp", "2")),
