@@ -2,8 +2,10 @@
 
 In process: the merge check (dequantized base + scaling·B·A equals the LoRA module's forward) and the trainable
 parameter count. On 2 gloo ranks (``qlora_run``): the loss goes down; what each rank holds (4-bit data + scalers,
-adapters, adapter AdamW states) equals ``coursekit.fsdp.qlora.predicted_bytes`` (tiny-llama: 26,152 B of NF4 base
-per rank, where the same weights take 92,160 B in bf16). bitsandbytes: GPU only.
+frozen rest, adapters, their gradients and AdamW states) equals ``coursekit memory --strategy fsdp2 --qlora``
+(``coursekit.fsdp.qlora.predicted_bytes`` asks the same calculator; tiny-llama: 26,152 B of NF4 base per rank,
+where the same weights take 92,160 B in bf16). 4 ranks and uneven adapter shards: tests/test_fsdp_memory.py.
+bitsandbytes: GPU only.
 """
 import pytest
 import torch
@@ -72,15 +74,28 @@ def qlora_run():
     return launch_code(RUN, nproc=2, timeout=600, stream=False)
 
 
+def coursekit_memory(*argv) -> dict:
+    """``coursekit memory ... --json`` in process (its parser and run, as the command line runs them)."""
+    from coursekit.memory.cli import build_parser, run
+
+    return run(build_parser().parse_args([*argv, "--json"]))
+
+
 def test_qlora_fsdp2_trains_and_holds_predicted_bytes(qlora_run, no_orphans):
-    want = predicted_bytes(resolve_model("tiny-llama"), shard=2)
     for r in qlora_run.results:
+        d = coursekit_memory("--model", "tiny-llama", "--micro-batch", "4", "--seq", "32", "--dtype", "fp32",
+                             "--strategy", "fsdp2", "--dp-shard", "2", "--dp-rank", str(r["rank"]), "--qlora",
+                             "--lora-rank", "8", "--nf4-block", "32", "--nf4-scaler-block", "8")
+        q, k, h = d["detail"]["qlora"], r["kinds"], r["held"]
         assert r["losses"][-1] < r["losses"][0]
-        assert r["trainable"] == want["trainable_params"]
-        k = r["kinds"]
-        assert (k["nf4_base"], k["rest"], k["adapters"]) == (want["nf4_base"], want["rest"], want["adapters"])
-        assert r["held"]["optimizer_bytes"] == want["adapter_optimizer"]
-        assert want["nf4_base"] < want["bf16_base_bytes"] / 3  # ~4.5 bits a weight against bf16's 16
+        assert r["trainable"] == q["trainable_params"]
+        assert (k["nf4_base"], k["rest"], k["adapters"]) == (q["nf4_base"], q["frozen_rest"], q["adapters"])
+        assert d["parameters_bytes"] == sum(k.values())
+        assert (h["grads_bytes"], h["optimizer_bytes"]) == (d["gradients_bytes"], d["optimizer_states_bytes"])
+        assert q["nf4_base"] < q["bf16_base_bytes"] / 3  # ~4.5 bits a weight against bf16's 16
+    # one source of truth: the library's helper is the calculator's answer
+    want = predicted_bytes(resolve_model("tiny-llama"), shard=2)
+    assert (want["nf4_base"], want["rest"], want["adapters"]) == (q["nf4_base"], q["frozen_rest"], q["adapters"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bitsandbytes' FSDP recipe (quant_storage=bf16, "

@@ -85,3 +85,32 @@ def test_memory_package_imports_no_torch():
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_fsdp2_reshard_to_n_and_qlora_flags(capsys):
+    """``--reshard-after-forward N`` and ``--qlora`` reach the fsdp2 engine (measured against live FSDP2 in
+    tests/test_fsdp_memory.py and tests/test_fsdp_qlora.py); what they cannot mean is refused with the reason."""
+    base = ["--model", "tiny-llama", "--micro-batch", "2", "--seq", "32", "--dtype", "fp32", "--strategy", "fsdp2",
+            "--dp-shard", "4", "--json"]
+
+    def out(*extra):
+        assert main([*base, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    full, two, four, none = (out("--reshard-after-forward", v) for v in ("true", "2", "4", "false"))
+    assert four == full  # N = the shard degree is reshard_after_forward=True, as torch reads it
+    held = [d["detail"]["fsdp_units"]["held_after_forward_bytes"] for d in (full, two, none)]
+    assert held[0] < held[1] < held[2]  # between forward and backward: root only < root + 1/2 of each block < all
+    assert full["parameters_bytes"] == two["parameters_bytes"]  # the shards themselves do not change
+    q = out("--qlora", "--lora-rank", "4", "--lora-targets", "q_proj,v_proj", "--nf4-block", "32",
+            "--nf4-scaler-block", "8")["detail"]["qlora"]
+    assert q["trainable_params"] == 2 * 4 * ((64 + 64) + (64 + 32))  # 2 layers, r·(in + out) on q and v
+    for extra, msg in [(("--reshard-after-forward", "3"), "must divide the 4 sharding ranks"),
+                       (("--qlora",), "NF4 block sizes must divide"),  # torchao's defaults 64 / 256 on 64x64
+                       (("--lora-rank", "4"), "set qlora"),
+                       (("--qlora", "--nf4-block", "32", "--nf4-scaler-block", "8", "--reshard-after-forward", "2"),
+                        "FSDP2 refuses it"),
+                       (("--qlora", "--nf4-block", "32", "--nf4-scaler-block", "8", "--lora-targets", "c_attn"),
+                        "lora targets must be among")]:
+        assert main([*base, *extra]) == 2
+        assert msg in capsys.readouterr().err, extra

@@ -13,6 +13,11 @@ measurements of one training step (forward, loss, backward, AdamW step):
   outputs, reduce-scatter buffers, activations, optimizer states. Reported here: the peak-backward snapshot, and the
   largest all-gather and reduce-scatter buffer seen at any phase.
 
+A third, direct count of the gathered units (``units``): the bytes of every unit's gathered parameters (FSDP2's
+per-parameter all-gather outputs) and of the 1/N post-forward slices that ``reshard_after_forward=N`` keeps, right
+after forward and at the start of backward (once the last block is gathered), read from FSDP2's parameter states.
+``qlora={"r": 8}`` measures ``coursekit.fsdp.qlora``'s NF4 + LoRA model instead, with its bytes by kind.
+
 The numbers are compared with ``coursekit memory --strategy fsdp2`` in tests/test_fsdp_memory.py (a fresh
 process per run: a fake process group cannot be re-created with another size in one process).
 """
@@ -22,8 +27,8 @@ import argparse
 import json
 
 
-def measure(*, model: str = "tiny-llama", shard: int = 2, rank: int = 0, reshard: bool = True,
-            offload: bool = False, batch: int = 2, seq: int = 32, seed: int = 0) -> dict:
+def measure(*, model: str = "tiny-llama", shard: int = 2, rank: int = 0, reshard: bool | int = True,
+            offload: bool = False, batch: int = 2, seq: int = 32, seed: int = 0, qlora: dict | None = None) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -37,28 +42,39 @@ def measure(*, model: str = "tiny-llama", shard: int = 2, rank: int = 0, reshard
 
     dist.init_process_group("fake", rank=rank, world_size=shard, store=FakeStore())
     try:
-        m = build_model(model, seed=seed)
+        if qlora is not None:
+            from coursekit.fsdp.qlora import qlora_model
+
+            m = qlora_model(model, seed=seed, **qlora)
+        else:
+            m = build_model(model, seed=seed)
         pol = CPUOffloadPolicy(pin_memory=False) if offload else OffloadPolicy()
-        for b in blocks(m):
+        units = list(blocks(m.base_model.model if qlora is not None else m))
+        for b in units:
             fully_shard(b, reshard_after_forward=reshard, offload_policy=pol)
         fully_shard(m, reshard_after_forward=False, offload_policy=pol)
-        opt = adamw(m.parameters(), lr=1e-3)
+        opt = adamw([p for p in m.parameters() if p.requires_grad], lr=1e-3)
         g = torch.Generator().manual_seed(seed)
         x = torch.randint(0, m.config.vocab_size, (batch, seq + 1), generator=g)
+        seen: dict = {}
+        probe = _UnitProbe([*units, m], seen)
 
         def step():
             loss = cross_entropy(m(input_ids=x[:, :-1]).logits, x[:, 1:])
+            seen.setdefault("after_forward", probe.held())
             loss.backward()
             opt.step()
             return loss
 
         step()  # optimizer states exist from here on: the next step is steady
         opt.zero_grad(set_to_none=True)
+        seen.clear()
         tracker = FSDPMemTracker(m, opt)
         tracker.track_inputs((x,))
         with tracker:
             step()
             held = state_bytes(m, opt)
+            kinds = _by_kind(m) if qlora is not None else None
         snaps = tracker.memory_tracking
         peak_bw = _kinds(snaps[m].snapshots["Peak Backward"][-1])
         buffers = {"all_gather": 0, "reduce_scatter": 0}
@@ -69,9 +85,51 @@ def measure(*, model: str = "tiny-llama", shard: int = 2, rank: int = 0, reshard
                     for b in buffers:
                         buffers[b] = max(buffers[b], k.get(b, 0))
         return {"shard": shard, "rank": rank, "reshard": reshard, "offload": offload, "held": held,
-                "peak_backward": peak_bw, "max_buffers": buffers}
+                "peak_backward": peak_bw, "max_buffers": buffers, "units": seen, "kinds": kinds}
     finally:
         dist.destroy_process_group()
+
+
+class _UnitProbe:
+    """Bytes of gathered parameters and post-forward slices over all FSDP2 units, from their parameter states;
+    ``seen["start_of_backward"]``: the count right after the first block's pre-backward (the last block gathered)."""
+
+    def __init__(self, modules, seen: dict):
+        self.groups = [g for g in (mod._get_fsdp_state()._fsdp_param_group for mod in modules) if g is not None]
+        for g in self.groups[:-1]:  # the blocks (the root's pre-backward gathers nothing: it kept its weights)
+            orig = g.pre_backward
+
+            def pre_backward(*args, _orig=orig):
+                out = _orig(*args)
+                seen.setdefault("start_of_backward", self.held())
+                return out
+            g.pre_backward = pre_backward
+
+    def held(self) -> dict:
+        from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+
+        gathered = post_forward = 0
+        for g in self.groups:
+            for fp in g.fsdp_params:
+                if fp.sharded_state == ShardedState.UNSHARDED:
+                    gathered += sum(t.untyped_storage().nbytes() for t in fp.all_gather_outputs)
+                elif fp.sharded_state == ShardedState.SHARDED_POST_FORWARD:
+                    post_forward += fp._sharded_post_forward_param_data.untyped_storage().nbytes()
+        return {"gathered": gathered, "post_forward": post_forward, "total": gathered + post_forward}
+
+
+def _by_kind(m) -> dict:
+    """QLoRA: this rank's NF4 inner tensors (data, scalers, factors, mean, table), frozen rest and adapters."""
+    from torch.distributed.tensor import DTensor
+
+    out = {"nf4_base": 0, "rest": 0, "adapters": 0}
+    for p in m.parameters():
+        loc = p.to_local() if isinstance(p, DTensor) else p
+        if type(loc).__name__ == "NF4Tensor":
+            out["nf4_base"] += sum(getattr(loc, k).untyped_storage().nbytes() for k in loc.__tensor_flatten__()[0])
+        else:
+            out["adapters" if p.requires_grad else "rest"] += loc.untyped_storage().nbytes()
+    return out
 
 
 def _kinds(snap: dict) -> dict:
@@ -89,11 +147,14 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--shard", type=int, default=2)
     ap.add_argument("--rank", type=int, default=0)
-    ap.add_argument("--no-reshard", action="store_true")
+    ap.add_argument("--reshard-after-forward", default="true", help="true, false or N")
     ap.add_argument("--offload", action="store_true")
+    ap.add_argument("--qlora-rank", type=int, help="measure the NF4 + LoRA model with adapters of this rank")
     a = ap.parse_args(argv)
-    print(json.dumps(measure(model=a.model, shard=a.shard, rank=a.rank, reshard=not a.no_reshard,
-                             offload=a.offload)))
+    r = a.reshard_after_forward.lower()
+    reshard = r == "true" if r in ("true", "false") else int(r)
+    print(json.dumps(measure(model=a.model, shard=a.shard, rank=a.rank, reshard=reshard, offload=a.offload,
+                             qlora=None if a.qlora_rank is None else {"r": a.qlora_rank})))
     return 0
 
 

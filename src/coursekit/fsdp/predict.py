@@ -9,7 +9,9 @@ again before backward; the root (embeddings, final norm, head) keeps its gathere
 backward (the strategy wraps it with ``reshard_after_forward=False``). Each unit reduce-scatters its gradients once
 per optimizer step (accumulation skips the sync until the last micro-batch); HSDP then all-reduces each
 reduce-scattered shard across the R replicas. Sizes are FSDP2's padded ones: every parameter's dim 0 is rounded up
-to a multiple of the shard degree N (``coursekit.memory.engines.fsdp2``).
+to a multiple of the shard degree N (``coursekit.memory.engines.fsdp2``). With ``reshard=K`` (reshard to a smaller
+group) a block keeps 1/K of its gathered copy after forward and backward all-gathers the same padded unit over the
+K ranks of its post-forward group only (consecutive ranks: within a node), not over all N.
 """
 from __future__ import annotations
 
@@ -17,15 +19,23 @@ from coursekit.comm import volume
 from coursekit.memory.engines.fsdp2 import unit_sizes
 
 
-def step_collectives(shape, *, shard: int, replicate: int = 1, wrap: str = "block", reshard: bool = True,
+def step_collectives(shape, *, shard: int, replicate: int = 1, wrap: str = "block", reshard: bool | int = True,
                      micro_batches: int = 1, param_bytes: int = 4, grad_bytes: int = 4) -> list[volume.Collective]:
     """Every collective of one optimizer step on one rank (``volume`` plan: compare with a counter's ``as_plan``).
-    ``param_bytes`` 2 with bf16 mixed precision (gathers in bf16), ``grad_bytes`` 4 (fp32 reduce)."""
+    ``param_bytes`` 2 with bf16 mixed precision (gathers in bf16), ``grad_bytes`` 4 (fp32 reduce); ``reshard``
+    True, False or K ranks (as ``--reshard-after-forward``; K = shard is True, K = 1 is False, as torch reads it)."""
     *blocks, root = unit_sizes(shape, shard=shard, wrap=wrap)
+    if not isinstance(reshard, bool):
+        if shard % reshard:
+            raise ValueError(f"reshard {reshard} must divide the {shard} sharding ranks")
+        reshard = True if reshard == shard else False if reshard == 1 else reshard
     plan = []
     if shard > 1:
-        gathers = 2 if reshard else 1
-        plan += [volume.Collective("all_gather", u * param_bytes, gathers * micro_batches, shard) for u in blocks]
+        plan += [volume.Collective("all_gather", u * param_bytes, micro_batches, shard) for u in blocks]
+        if reshard is True:
+            plan += [volume.Collective("all_gather", u * param_bytes, micro_batches, shard) for u in blocks]
+        elif reshard:  # backward gathers from the 1/K post-forward slices, over the K-rank group
+            plan += [volume.Collective("all_gather", u * param_bytes, micro_batches, reshard) for u in blocks]
         plan += [volume.Collective("all_gather", root * param_bytes, micro_batches, shard)]
         plan += [volume.Collective("reduce_scatter", u * grad_bytes, 1, shard) for u in [*blocks, root]]
     if replicate > 1:

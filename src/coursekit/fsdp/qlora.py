@@ -14,50 +14,48 @@ The common GPU recipe is bitsandbytes 4-bit (``BitsAndBytesConfig(load_in_4bit=T
 ``bnb_4bit_quant_storage=bf16`` so FSDP can flatten it): there FSDP shards only the packed storage, and every rank
 keeps the whole ``quant_state`` (absmax scalers); tests/test_fsdp_qlora.py runs it where a GPU is present.
 
-``predicted_bytes`` is what one rank holds (pure Python): the NF4 pieces per quantized weight, the adapters, their
-AdamW states and the unquantized rest (embeddings, norms, head), all sharded over N.
+``predicted_bytes`` is what one rank holds, from the calculator itself (``coursekit memory --strategy fsdp2 --qlora
+--lora-rank r --nf4-block 32 --nf4-scaler-block 8``; the byte model is ``coursekit.memory.qlora``): the NF4 pieces
+per quantized weight, the adapters, their gradients and AdamW states, the unquantized rest (embeddings, norms, head).
 """
 from __future__ import annotations
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from coursekit.memory.qlora import TARGETS, lora_params  # noqa: F401 (the calculator's, re-exported)
 
 
 def qlora_model(model: str = "tiny-llama", *, r: int = 8, alpha: int = 16, block: int = 32, scaler_block: int = 8,
-                seed: int = 0):
+                targets=TARGETS, seed: int = 0):
+    """Every block projection quantized to NF4 (frozen), LoRA adapters of rank ``r`` on ``targets``."""
     import torch
     from peft import LoraConfig, get_peft_model
     from torchao.quantization import to_nf4
 
-    from coursekit.models import build_model
+    from coursekit.models import blocks, build_model
 
     base = build_model(model, seed=seed)
     torch.manual_seed(seed + 1)
-    m = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(TARGETS), lora_dropout=0.0,
+    m = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
                                         bias="none"))
-    for name, mod in m.named_modules():
-        if hasattr(mod, "base_layer") and isinstance(mod.base_layer, torch.nn.Linear):
-            w = mod.base_layer.weight
-            mod.base_layer.weight = torch.nn.Parameter(to_nf4(w.detach(), block, scaler_block), requires_grad=False)
+    for layer in blocks(m.base_model.model):
+        for name, mod in layer.named_modules():
+            lin = mod.base_layer if hasattr(mod, "base_layer") else mod
+            if name.rsplit(".", 1)[-1] in TARGETS and isinstance(lin, torch.nn.Linear):
+                w = lin.weight.detach()
+                lin.weight = torch.nn.Parameter(to_nf4(w, block, scaler_block), requires_grad=False)
     return m
 
 
-def lora_params(shape, r: int) -> int:
-    """Trainable adapter parameters: r·(in + out) per targeted projection per layer."""
-    h, f, qw, kw = shape.hidden, shape.ffn, shape.q_width, shape.kv_width
-    per_layer = r * ((h + qw) + 2 * (h + kw) + (qw + h) + 2 * (h + f) + (f + h))
-    return per_layer * shape.layers
+def predicted_bytes(shape, *, shard: int, r: int = 8, block: int = 32, scaler_block: int = 8, targets=TARGETS,
+                    rank: int = 0) -> dict:
+    """One rank's bytes from ``coursekit memory --qlora`` (fp32 adapters and rest, AdamW): NF4 base, unquantized
+    rest, adapters, their gradients and optimizer states, the gathered unit sizes."""
+    from coursekit.memory import estimate
 
-
-def predicted_bytes(shape, *, shard: int, r: int = 8, block: int = 32, scaler_block: int = 8) -> dict:
-    """One rank's bytes (evenly divisible shapes): NF4 base, unquantized rest, adapters, adapter AdamW states."""
-    h, f, qw, kw = shape.hidden, shape.ffn, shape.q_width, shape.kv_width
-    weights = [h * qw, h * kw, h * kw, qw * h, h * f, h * f, f * h] * shape.layers
-    # sharded: 4-bit data, int8 block scalers, fp32 scaler factors; replicated: the fp32 mean and 16-entry table
-    nf4 = sum(n // 2 + n // block + 4 * (n // block // scaler_block) for n in weights) // shard + 68 * len(weights)
-    rest = shape.num_params() - sum(weights)
-    lora = lora_params(shape, r)
-    adapters = 4 * lora // shard
-    tensors = 2 * len(TARGETS) * shape.layers  # lora_A and lora_B per projection: one fp32 step counter each
-    return {"nf4_base": nf4, "rest": 4 * rest // shard, "adapters": adapters,
-            "adapter_optimizer": 2 * adapters + 4 * tensors, "trainable_params": lora,
-            "bf16_base_bytes": 2 * sum(weights) // shard}
+    e = estimate(shape, micro_batch=1, seq=8, dtype="fp32", precision="fp32", strategy="fsdp2", dp_shard=shard,
+                 dp_rank=rank, qlora=True, lora_rank=r, lora_targets=tuple(targets), nf4_block=block,
+                 nf4_scaler_block=scaler_block)
+    q = dict(e.detail["qlora"])
+    q["rest"] = q.pop("frozen_rest")
+    q["categories"] = {k: e.categories[k] for k in ("parameters", "gradients", "optimizer_states",
+                                                    "unsharded_fsdp_units", "communication_buckets")}
+    return q

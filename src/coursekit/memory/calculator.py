@@ -78,6 +78,7 @@ class Estimate:
     gpu_memory_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     dp_rank: int = 0  # the data-parallel rank reported (DeepSpeed ZeRO-1/2: the fullest unless config.dp_rank)
+    detail: dict = field(default_factory=dict)  # the engine's own breakdown (FSDP2: units, QLoRA by kind)
 
     @property
     def activations_bytes(self) -> int:
@@ -111,6 +112,8 @@ class Estimate:
                                    "embed": dict(self.activations.embed), "shared": dict(self.activations.shared),
                                    "head": dict(self.activations.head)},
                  notes=list(self.notes))
+        if self.detail:
+            d["detail"] = self.detail
         return d
 
     def to_json(self, **kw) -> str:
@@ -133,6 +136,11 @@ class Estimate:
         if self.gpu:
             verdict = "fits" if self.fits else "does NOT fit"
             lines.append(f"{self.gpu} ({self.gpu_memory_bytes / GiB:.1f} GiB): {verdict}")
+        q = self.detail.get("qlora")
+        if q:
+            lines.append(f"QLoRA on this rank: NF4 base {q['nf4_base']:,} B (bf16: {q['bf16_base_bytes']:,} B), frozen "
+                         f"rest {q['frozen_rest']:,} B, adapters {q['adapters']:,} B + grads {q['adapter_grads']:,} B "
+                         f"+ optimizer {q['adapter_optimizer']:,} B; {q['trainable_params']:,} trainable params")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -191,4 +199,5 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     if c.impl == "hf" and c.kernels == "cuda":
         notes.append("hf-cuda activation profile is modelled from CUDA kernel signatures (measured profile: hf-cpu)")
     return Estimate(shape.name, shape.num_params(), stage.params, c, st.convention, acts, cats, phases, stage.index,
-                    st.cpu, st.nvme, g.name if g else None, g.memory_bytes if g else None, notes, dp_rank)
+                    st.cpu, st.nvme, g.name if g else None, g.memory_bytes if g else None, notes, dp_rank,
+                    detail=engine.detail(shape, c))

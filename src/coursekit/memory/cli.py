@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage (default 0)")
     a("--engine", choices=list(ENGINES), help="data-parallel engine (default deepspeed; or set by --strategy)")
     a("--no-reshard", action="store_true", help="FSDP2 reshard_after_forward=False")
+    a("--reshard-after-forward", help="FSDP2 (the trainer's flag): true, false, or N ranks to reshard to")
+    a("--qlora", action="store_true", help="FSDP2: frozen NF4 base + LoRA adapters (coursekit.memory.qlora)")
+    a("--lora-rank", type=int, help="QLoRA adapter rank (default 8)")
+    a("--lora-targets", help="QLoRA: comma-separated projections with adapters (default: all seven)")
+    a("--nf4-block", type=int, help="QLoRA NF4 block size (default 64)")
+    a("--nf4-scaler-block", type=int, help="QLoRA scalers per fp32 factor (default 256)")
     a("--hsdp-shard", type=int, help="HSDP shard-group size (engine fsdp2): the same as --dp-shard")
     a("--no-bucket-view", action="store_true", help="DDP gradient_as_bucket_view=False (torch's default)")
     a("--tp", type=int, default=1)
@@ -84,6 +90,7 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
               pp_schedule=ns.pp_schedule, offload=ns.offload, offload_params=ns.offload_params, dp_rank=ns.dp_rank,
               gpu=ns.gpu, strategy=ns.strategy, dp_replicate=ns.dp_replicate, dp_shard=ns.dp_shard)
     kw.update({k: getattr(ns, k) for k in ("zero", "engine") if getattr(ns, k) is not None})
+    kw.update(_fsdp_kwargs(ns))
     if ns.reduce_bucket_size is not None:
         kw["bucket_elems"] = ns.reduce_bucket_size
     if ns.runtime_gib is not None:
@@ -91,6 +98,25 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
             raise ConfigError(f"--runtime-gib must be >= 0, got {ns.runtime_gib}")
         kw["runtime_bytes"] = int(ns.runtime_gib * GiB)
     return vocab.config_kwargs(kw)  # the trainer's names (--strategy, --dp-replicate, --dp-shard) -> TrainConfig's
+
+
+def _fsdp_kwargs(ns: argparse.Namespace) -> dict:
+    kw = {}
+    r = ns.reshard_after_forward
+    if r is not None:
+        t = r.strip().lower()
+        if t not in ("true", "false") and not t.isdigit():
+            raise ConfigError(f"--reshard-after-forward takes true, false or a number of ranks, got {r!r}")
+        value = t == "true" if t in ("true", "false") else int(t)
+        if ns.no_reshard and value is not False:
+            raise ConfigError("--no-reshard and --reshard-after-forward disagree; give one")
+        kw["fsdp_reshard"] = value
+    if ns.qlora:
+        kw["qlora"] = True
+    for k in ("lora_rank", "lora_targets", "nf4_block", "nf4_scaler_block"):
+        if getattr(ns, k) is not None:
+            kw[k] = getattr(ns, k)
+    return kw
 
 
 def run(ns: argparse.Namespace) -> dict | str:

@@ -8,6 +8,7 @@ from coursekit.memory.errors import ConfigError, choice, positive_int
 from coursekit.memory.gpus import GiB
 from coursekit.memory import engines
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
+from coursekit.memory.qlora import TARGETS as LORA_TARGETS
 
 PP_SCHEDULES = ("1f1b", "gpipe")
 DEFAULT_RUNTIME_BYTES = 1 * GiB
@@ -46,8 +47,10 @@ class TrainConfig:
     engine: str = "deepspeed"
     """Data-parallel engine (``coursekit.memory.engines``): deepspeed (ZeRO semantics), fsdp2, ddp. The trainer's
     strategies name engine and stage together (``coursekit.memory.vocab``: zero3 = deepspeed + zero 3)."""
-    fsdp_reshard: bool = True
-    """FSDP2 reshard_after_forward: True frees each unit after its forward; False keeps all unsharded to backward."""
+    fsdp_reshard: bool | int = True
+    """FSDP2 reshard_after_forward: True frees each unit after its forward; False keeps all unsharded to backward; an
+    int N (dividing the shard degree) keeps each block resharded over N ranks (1/N of its gathered copy, compute
+    dtype) from forward to backward, where it is all-gathered over those N only (torch: N = shard degree is True)."""
     ddp_bucket_view: bool = True
     """DDP gradient_as_bucket_view (coursekit's trainer: True): each .grad is a view into the reducer's buckets, so
     gradients cost their bytes once; False (torch's default): the buckets are a second copy of all gradients."""
@@ -78,6 +81,17 @@ class TrainConfig:
     """Stated GPU runtime constant: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers (typically 0.5-2 GiB)."""
     bucket_elems: int = DEFAULT_BUCKET_ELEMS
     """DeepSpeed reduce / all-gather bucket size in elements."""
+    qlora: bool = False
+    """QLoRA (engine fsdp2): a frozen 4-bit NF4 base (every block projection) with trainable LoRA adapters
+    (``coursekit.memory.qlora``: NF4 data + scalers sharded, adapters, their gradients and optimizer states)."""
+    lora_rank: int = 8
+    """QLoRA: the adapters' rank r (lora_A is r x in, lora_B out x r)."""
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    """QLoRA: the projections that get adapters (all seven are quantized either way)."""
+    nf4_block: int = 64
+    """QLoRA: NF4 block size (elements per int8 scaler; torchao's default)."""
+    nf4_scaler_block: int = 256
+    """QLoRA: scalers per fp32 factor (double quantization; torchao's default)."""
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -141,6 +155,28 @@ class TrainConfig:
                 raise ConfigError(f"dp_rank ({self.dp_rank}) must be below the sharding degree ({self.shard_degree})")
         s("runtime_bytes", positive_int("runtime_bytes", self.runtime_bytes, allow_zero=True))
         s("bucket_elems", positive_int("bucket_elems", self.bucket_elems))
+        self._check_fsdp_options(s)
+
+    def _check_fsdp_options(self, s) -> None:
+        r = self.fsdp_reshard
+        if not isinstance(r, bool):
+            n = positive_int("fsdp_reshard", r)
+            if self.engine != "fsdp2":
+                raise ConfigError("fsdp_reshard N (reshard to a smaller group) is FSDP2's; set engine fsdp2")
+            if self.shard_degree % n:
+                raise ConfigError(f"fsdp_reshard {n} must divide the {self.shard_degree} sharding ranks")
+            s("fsdp_reshard", True if n == self.shard_degree else False if n == 1 else n)  # as torch reads it
+        targets = self.lora_targets
+        s("lora_targets", tuple(t.strip() for t in targets.split(",")) if isinstance(targets, str) else tuple(targets))
+        for k in ("lora_rank", "nf4_block", "nf4_scaler_block"):
+            s(k, positive_int(k, getattr(self, k)))
+        defaults = {f.name: f.default for f in fields(self)}
+        lora = ("lora_rank", "lora_targets", "nf4_block", "nf4_scaler_block")
+        if not self.qlora and any(getattr(self, k) != defaults[k] for k in lora):
+            raise ConfigError("lora_rank, lora_targets and the nf4 block sizes are QLoRA's: set qlora")
+        if self.qlora and self.engine != "fsdp2":
+            raise ConfigError("qlora is modelled for engine fsdp2 (FSDP2 shards NF4 data and scalers); set engine "
+                              "fsdp2 (strategy fsdp2 or hsdp)")
 
     @property
     def shard_degree(self) -> int:

@@ -66,6 +66,10 @@ class Engine:
     def shards_over_dp(self, c) -> bool:
         return False
 
+    def detail(self, shape, c) -> dict:
+        """Engine-specific breakdowns for ``Estimate.detail`` (FSDP2: unit sizes, QLoRA's bytes by kind)."""
+        return {}
+
     def ranks_differ(self, c) -> bool:
         """Whether data-parallel ranks hold different bytes in this estimate (``dp_rank`` then matters)."""
         return False

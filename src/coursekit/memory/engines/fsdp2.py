@@ -14,9 +14,16 @@ each rank holds Σ ceil(d0/N)·rest parameter elements (the last rank's padding 
 output that becomes the sharded gradients is padded the same way. AdamW's states are ``zeros_like`` the unpadded
 local shard, so they differ by rank: rank r keeps min(ceil(d0/N), max(0, d0 - r·ceil(d0/N))) rows of each
 (measured: tests/test_fsdp_memory.py, 2/3/4 ranks).
+
+``fsdp_reshard=N`` (reshard to a smaller group): after its forward each block keeps 1/N of its gathered copy (the
+rank's slice of the all-gather output, compute dtype) and backward all-gathers it over those N ranks only; the root
+keeps its gathered weights either way. ``qlora``: a frozen NF4 base with LoRA adapters (``coursekit.memory.qlora``).
+``detail(shape, c)`` gives both breakdowns: the units' gathered sizes and what a rank holds between forward and
+backward, and QLoRA's bytes by kind.
 """
 from __future__ import annotations
 
+from coursekit.memory import qlora
 from coursekit.memory.engines.base import Engine, state_result, unsharded_units
 from coursekit.memory.errors import ConfigError
 from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, PRECISIONS
@@ -36,6 +43,8 @@ class FSDP2(Engine):
         return c.tp == 1 and c.pp == 1 and shape.arch in ("llama", "gpt2")
 
     def states(self, shape, c, stage):
+        if c.qlora:
+            return self._qlora_states(shape, c)
         if not self.exact(shape, c):
             return super().states(shape, c, stage)
         N, rank = c.shard_degree, c.dp_rank if c.dp_rank is not None else 0
@@ -55,6 +64,50 @@ class FSDP2(Engine):
         self._padded_units = (c, unit_sizes(shape, shard=N))
         text = st.convention + f"; FSDP2's exact layout on shard rank {rank} of {N} (dim-0 padding)"
         return state_result(shards, 0.0, temps, cpu, 0.0, text), rank
+
+    def _qlora_states(self, shape, c):
+        qlora.check(shape, c)
+        P, G, M, GC, S = PRECISIONS[c.precision]
+        store = M or P
+        q = qlora.breakdown(shape, c, store=store, compute=P, state=S * OPTIMIZERS[c.optimizer],
+                            counter=self.counters(c.optimizer, 1))
+        shards = dict(param=q["nf4_base"] + q["frozen_rest"] + q["adapters"], grad=q["adapter_grads"], master=0.0,
+                      state=q["adapter_optimizer"], gc=GC * q["adapters"] / store)
+        self._qlora = (c, q)
+        text = (f"QLoRA: NF4 base (block {c.nf4_block}, scaler block {c.nf4_scaler_block}) + LoRA r={c.lora_rank} on "
+                f"{len(c.lora_targets)} projections, FSDP2 shard rank {c.dp_rank or 0} of {c.shard_degree}")
+        return state_result(shards, 0.0, store * q["adapter_local"], 0.0, 0.0, text), c.dp_rank or 0
+
+    def _qlora_units(self, c):
+        got = getattr(self, "_qlora", None)
+        return got[1] if got is not None and got[0] is c else None
+
+    def detail(self, shape, c) -> dict:
+        out = {}
+        if c.qlora:
+            P, G, M, GC, S = PRECISIONS[c.precision]
+            q = qlora.breakdown(shape, c, store=M or P, compute=P, state=S * OPTIMIZERS[c.optimizer],
+                                counter=self.counters(c.optimizer, 1))
+            out["qlora"] = {k: v for k, v in q.items()}
+            gathered = q["unit_gather_bytes"]
+        elif self.exact(shape, c):
+            gathered = [PRECISIONS[c.precision][0] * u for u in unit_sizes(shape, shard=c.shard_degree)]
+        else:
+            return out
+        *blocks, root = gathered
+        r = c.fsdp_reshard
+        kept = sum(blocks) if r is False else 0 if r is True else sum(b // r for b in blocks)
+        out["fsdp_units"] = {"gathered_bytes": gathered, "reshard_after_forward": r,
+                             "held_after_forward_bytes": root + kept,
+                             "backward_all_gather_group": c.shard_degree if r is True else r or 0}
+        return out
+
+    def notes(self, c) -> list[str]:
+        out = super().notes(c)
+        if c.qlora:
+            out.append("qlora: saved activations are the base model's; LoRA's own (each adapter's input and x·Aᵀ) "
+                       "and the NF4 dequantization temporaries of each matmul are not modelled")
+        return out
 
     def ranks_differ(self, c) -> bool:
         return c.tp == 1 and c.pp == 1
@@ -81,15 +134,29 @@ class FSDP2(Engine):
         return got[1] if got is not None and got[0] is c else None
 
     def units(self, c, P, stage):
-        exact = self._exact_units(c)
+        q = self._qlora_units(c)
+        exact = [P * u for u in self._exact_units(c)] if q is None and self._exact_units(c) else None
+        if q is not None:
+            exact = q["unit_gather_bytes"]
         if exact is None:
             return unsharded_units(P, stage, keep_all=not c.fsdp_reshard)
         *blocks, root = exact  # the trainer's wrapping: each block, then the root (embeddings, final norm, head)
-        # the root keeps its gathered weights from forward into backward; backward starts in the last block
-        start = P * (sum(exact) if not c.fsdp_reshard else root + (max(blocks) if blocks else 0))
-        return {"start": start, "end": P * root, "largest": max(exact)}
+        # the root keeps its gathered weights from forward into backward; backward starts in the last block, and
+        # with reshard to N the blocks not yet reached still hold their 1/N post-forward slices
+        r = c.fsdp_reshard
+        if r is False:
+            start = sum(exact)
+        elif r is True or not blocks:
+            start = root + (max(blocks) if blocks else 0)
+        else:
+            start = root + max(b + sum(x // r for x in blocks[:i]) for i, b in enumerate(blocks))
+        largest = max(exact) // P if q is None else max(exact)
+        return {"start": start, "end": root, "largest": largest}
 
     def buckets(self, c, P, params, largest_unit):
+        q = self._qlora_units(c)
+        if q is not None:  # bytes already: the largest unit's all-gather output, the largest adapters' reduce input
+            return (max(q["unit_gather_bytes"]) + max(q["unit_reduce_bytes"]) if c.dp * c.cp > 1 else 0), 0
         reduce = 4 if PRECISIONS[c.precision][2] else P  # unsharded grads of one unit, cast to the fp32 reduce dtype
         # the all-gather output of the largest unit (compute dtype) and its reduce-scatter input (reduce dtype)
         return (P + reduce) * largest_unit if c.dp * c.cp > 1 else 0, 0
