@@ -33,7 +33,6 @@ def test_bench_memory():
         assert math.isfinite(d[key]) and d[key] > 0, (key, d[key])
 
 
-@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_bench_comm(tmp_path, no_orphans):
     out = bench("bench_comm.py", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1", "--nproc", "2",
                 "--out", str(tmp_path))
@@ -55,7 +54,6 @@ def test_bench_comm(tmp_path, no_orphans):
         assert [float(c) for c in cells[1:]] == pytest.approx([busbw[op] for op in ops], abs=6e-4)
 
 
-@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_bench_foundation(no_orphans):
     seq, batch = 16, 8
     out = bench("bench_foundation.py", "--steps", "3", "--repeats", "1", "--seq", str(seq), "--global-batch",
@@ -87,7 +85,6 @@ def _zero_rows(tmp_path, points):
     return rows
 
 
-@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_bench_zero(tmp_path, no_orphans):
     rows = _zero_rows(tmp_path, ZERO_POINTS)
     assert rows["zero0"]["cpu_bytes"] == rows["zero3"]["cpu_bytes"] == 0
@@ -102,7 +99,6 @@ def test_bench_zero_offload(tmp_path, no_orphans):
     assert rows["zero2+opt>cpu"]["cpu_bytes"] > 0
 
 
-@pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)
 def test_bench_grading_on_the_toy_course(tmp_path):
     import test_course_toy as toy  # the course tests' toy lab: square (2 points) and hypot (3 points)
 
@@ -139,3 +135,17 @@ def test_bench_slurm(tmp_path):
     # a torchrun job does more than an empty one
     assert figures["job: torchrun, 1 node x 2"][0] > figures["job: empty job (--wrap true)"][0]
     assert "clean machine -> ready Slurm" in text
+
+
+def test_bench_planner_published_layouts():
+    """The published-run table as a user prints it (without the search): every case evaluated, its error the
+    printed ratio of predicted to published, each published layout fitting by the calculator or said not to."""
+    rows = json.loads(bench("bench_planner.py", "--json", "--no-search"))
+    assert len(rows) >= 2 and len({r["case"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["metric"] in ("tflops", "mfu") and r["published"] > 0 and r["step_time_s"] > 0, r
+        assert math.isfinite(r["predicted"]) and r["predicted"] > 0, r
+        assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1), r
+        assert isinstance(r["fits"], bool) and r["peak_gib"] > 0 and "rank" not in r, r
+        if r["metric"] == "mfu":
+            assert 0 < r["predicted"] < 1, r
