@@ -1,0 +1,153 @@
+"""Lab 4 (tensor, pipeline and context parallelism): its syllabus, the premises its exercises state, and hidden
+tests that catch answers the visible ones miss.
+
+Grading of the whole lab (solution 100 %, release 0, partial in between, under nbgrader) is in test_course_labs.
+"""
+from pathlib import Path
+
+import pytest
+
+from coursekit.course.authoring import read_lab
+from coursekit.course.config import Course
+from coursekit.course.recheck import recheck
+
+from lab_submission import submission
+
+REPO = Path(__file__).resolve().parents[1]
+COURSE = Course(REPO)
+SYLLABUS = ["tp_mlp", "mlp_collectives", "bubble", "online_softmax", "choose_cp", "mesh_3d", "explain_plan"]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    return read_lab(COURSE, "lab4_parallel")
+
+
+def test_exercises_follow_the_syllabus(lab):
+    assert [e.name for e in lab.exercises] == SYLLABUS
+    assert lab.max_points == 26
+    assert lab.problems == []
+
+
+HARD_CODED_TP2 = '''
+def shard_mlp(w_gate, w_up, w_down, tp, rank):
+    w_gate, w_up, w_down = (torch.as_tensor(w) for w in (w_gate, w_up, w_down))
+    half = w_gate.shape[0] // 2  # written for tp = 2 only
+    rows = slice(rank * half, (rank + 1) * half)
+    return {"gate": w_gate[rows], "up": w_up[rows], "down": w_down[:, rows]}
+
+
+def rank_mlp(x, shard):
+    x = torch.as_tensor(x)
+    g, u, d = (torch.as_tensor(shard[k]) for k in ("gate", "up", "down"))
+    return (F.silu(x @ g.T) * (x @ u.T)) @ d.T
+'''
+SP_IGNORED = '''
+def mlp_collectives(tokens, hidden, dtype_bytes, sequence_parallel=False):
+    n = tokens * hidden * dtype_bytes  # sequence parallelism forgotten: still two all-reduces
+    return [("forward", "all_reduce", n, "down"), ("backward", "all_reduce", n, "gate_up")]
+'''
+ROUNDS_DOWN = '''
+def bubble_fraction(p, m, v=1):
+    return (p - 1) / (v * m + p - 1)
+
+
+def microbatches_for(p, target, v=1):
+    return max(1, int((p - 1) * (1 / target - 1) / v))  # truncates instead of rounding up
+'''
+UNSTABLE_MERGE = '''
+def block_attention(q, k, v):
+    q, k, v = (torch.as_tensor(t) for t in (q, k, v))
+    s = q @ k.T / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse[:, None]) @ v, lse
+
+
+def merge_blocks(o1, lse1, o2, lse2):
+    o1, lse1, o2, lse2 = (torch.as_tensor(t) for t in (o1, lse1, o2, lse2))
+    w1, w2 = torch.exp(lse1), torch.exp(lse2)  # right in exact arithmetic, overflows for large scores
+    return (o1 * w1[:, None] + o2 * w2[:, None]) / (w1 + w2)[:, None], torch.log(w1 + w2)
+'''
+ULYSSES_ANY_HEADS = '''
+def cp_exposed_s(impl, batch, seq, heads, kv_heads, head_dim, cp, link_bytes_per_s, flops_per_s, dtype_bytes=2):
+    n = batch * seq / cp * head_dim
+    if impl == "ulysses":  # forgets that Ulysses splits heads over the C ranks
+        return (2 * n * heads + 2 * n * max(kv_heads, cp)) * (cp - 1) / cp * dtype_bytes / link_bytes_per_s
+    send = 2 * n * kv_heads * dtype_bytes / link_bytes_per_s
+    compute = 2 * batch * heads * (seq / cp) ** 2 * head_dim / flops_per_s
+    return (cp - 1) * max(0.0, send - compute)
+
+
+def choose_cp(batch, seq, heads, kv_heads, head_dim, cp, link_bytes_per_s, flops_per_s, dtype_bytes=2):
+    args = (batch, seq, heads, kv_heads, head_dim, cp, link_bytes_per_s, flops_per_s, dtype_bytes)
+    return "ulysses" if cp_exposed_s("ulysses", *args) < cp_exposed_s("ring", *args) else "ring"
+'''
+EVERYTHING_BUT_TP_CROSSES = '''
+def layout_3d(nodes, gpus_per_node, model_parallel, heads, layers):
+    world = nodes * gpus_per_node
+    if world % model_parallel:
+        return None
+    tp = max(t for t in range(1, gpus_per_node + 1) if model_parallel % t == 0 and heads % t == 0)
+    pp = model_parallel // tp
+    if pp > layers:
+        return None
+    return {"tp": tp, "pp": pp, "dp": world // model_parallel, "order": ["pp", "dp", "tp"]}
+
+
+def cross_node(degrees, order, gpus_per_node):
+    return sorted(a for a in order if degrees[a] > 1 and a != "tp")  # as if only tp ever fit in a node
+'''
+NO_OPTIMIZER = '''
+def explain_plan(candidate):
+    c = candidate
+    parts = {"compute": c["compute_s"], "bubble": c["bubble_s"], **c["exposed_s"], "optimizer": c["optimizer_s"]}
+    over = max(("bubble", "tp", "cp", "pp", "dp"), key=lambda k: parts[k])  # the optimizer step overlooked
+    p, v, m = c["layout"]["pp"], c["layout"]["virtual_stages"], c["microbatches"]
+    return {"parts": parts, "largest_overhead": over, "compute_share": c["compute_s"] / c["step_time_s"],
+            "bubble_fraction": (p - 1) / (v * m + p - 1)}
+'''
+WRONG = {"tp_mlp": HARD_CODED_TP2, "mlp_collectives": SP_IGNORED, "bubble": ROUNDS_DOWN,
+         "online_softmax": UNSTABLE_MERGE, "choose_cp": ULYSSES_ANY_HEADS, "mesh_3d": EVERYTHING_BUT_TP_CROSSES,
+         "explain_plan": NO_OPTIMIZER}
+
+
+def test_hidden_tests_catch_what_visible_tests_miss(lab, tmp_path):
+    assert set(WRONG) == set(SYLLABUS)
+    sub = submission(COURSE, "lab4_parallel", **WRONG)
+    only = {f"{n}_{kind}" for n in SYLLABUS for kind in ("visible", "hidden")}
+    res = {t.grade_id: t for t in recheck(lab, sub, log_path=str(tmp_path / "student.log"), only=only).tests}
+    assert set(res) == only
+    for name in SYLLABUS:
+        assert res[f"{name}_visible"].passed, (name, res[f"{name}_visible"].message)
+        assert not res[f"{name}_hidden"].passed, name
+    assert "Ulysses impossible" in res["choose_cp_hidden"].message or "12 heads" in res["choose_cp_hidden"].message
+
+
+def test_the_planner_section_states_what_the_planner_chooses():
+    """Section 7's text and visible test describe the planner's top choice for the stated cluster: pipeline across
+    the nodes, data/context/tensor parallel inside them, the bubble the largest cost after compute. A planner change
+    that moves the choice must update the lab too."""
+    from coursekit.plan import evaluate, plan
+
+    cluster = dict(gpus=32, gpus_per_node=8, gpu="H100-80GB", network="roce-100", seq=4096, global_batch=64)
+    top = plan("llama3-70b", **cluster)[0].to_dict()
+    assert (top["layout"]["pp"], top["layout"]["virtual_stages"], top["microbatches"]) == (4, 2, 32)
+    assert top["links"]["pp"] == "network" and all(top["links"][k] == "nvlink" for k in top["links"] if k != "pp")
+    overheads = {"bubble": top["bubble_s"], **top["exposed_s"], "optimizer": top["optimizer_s"]}
+    assert max(overheads, key=overheads.get) == "bubble"
+    alt = evaluate("llama3-70b", dict(engine="fsdp2", dp_shard=2, tp=8, pp=2, virtual_stages=2), **cluster).to_dict()
+    assert alt["links"]["dp"] == "network" and alt["exposed_s"]["dp"] > alt["compute_s"]
+
+
+def test_cp_compare_counts_what_the_volume_model_says():
+    """The lab's measured Ulysses-vs-Ring cell (coursekit.cp.compare): both run, and the bytes each rank sends equal
+    coursekit.comm.volume's model."""
+    from coursekit.launch import launch
+
+    rows = launch("coursekit.cp.compare", ["--seqs", "32", "64", "--heads", "4", "--head-dim", "8", "--iters", "1"],
+                  nproc=2, timeout=180, stream=False).results[0]
+    assert [(r["seq"], r["impl"]) for r in rows] == [(32, "ulysses"), (32, "ring"), (64, "ulysses"), (64, "ring")]
+    for r in rows:
+        assert r["sent_bytes"] == r["model_bytes"] > 0, r
+        assert r["ms"] > 0
+    assert rows[2]["sent_bytes"] == 2 * rows[0]["sent_bytes"]  # bytes grow linearly with the sequence
