@@ -4,7 +4,8 @@ its diagnosis, profiler overhead per step.
     .venv/bin/python bench/bench_profiling.py [--quick] [--json FILE]
 
   * overlap: 2-rank runs of the trainer (a 1.2 M-parameter Llama, steps 1-3 traced), ``coursekit trace`` totals
-    per rank: DDP with 0.1 / 1 / 25 / 1000 MB buckets, ZeRO-2 (DeepSpeed) with overlap_comm off and on.
+    per rank: DDP with 0.1 / 1 / 25 / 1000 MB buckets, ZeRO-2 (DeepSpeed) with overlap_comm off and on, FSDP2
+    with its own prefetch and with --prefetch 2 (on gloo its collectives block the training thread: ~0 % both).
     --quick: DDP 0.1 and 1000 MB only.
   * hang -> diagnosis: each planted case (``coursekit.profiling.planted``, 3 s group timeout): seconds from the
     moment the waiting rank issued the bad collective (its flight-recorder entry's creation time) to the printed
@@ -57,11 +58,12 @@ def overlap_rows(tmp: Path, quick: bool) -> list[dict]:
     runs = [("ddp", ["--bucket-mb", mb]) for mb in (("0.1", "1000") if quick else ("0.1", "1", "25", "1000"))]
     if not quick:
         runs += [("zero2", ["--ds-config", str(zero2_config(tmp, ov))]) for ov in (False, True)]
+        runs += [("fsdp2", ["--prefetch", n]) for n in ("0", "2")]
     rows = []
     for strategy, extra in runs:
         r = train(tmp, strategy, extra, profile=True)
         res = T.analyse(r["dir"])
-        label = extra[1] + " MB" if strategy == "ddp" else Path(extra[1]).stem
+        label = {"ddp": f"{extra[1]} MB", "fsdp2": f"prefetch {extra[1]}"}.get(strategy) or Path(extra[1]).stem
         rows.append({"strategy": strategy, "setting": label, "step_ms": r["step_ms"],
                      **{f"overlap_rank{x['rank']}": x["total"]["overlap_pct"] for x in res["ranks"]},
                      "comm_ms": sum(x["total"]["comm_ms"] for x in res["ranks"]) / len(res["ranks"]),
