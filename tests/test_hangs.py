@@ -2,12 +2,14 @@
 
 Each case runs ``coursekit.profiling.planted`` under ``coursekit launch --diagnose`` with a 3 s group timeout;
 rank 1 goes wrong at collective #3. Default tier: the op mismatch (through the CLI, --json) and the late rank.
-Slow tier: the shape mismatch, the skipped collective, DETAIL mode and the control run (~15 s each unloaded).
+Slow tier: the whole job past the launcher's --timeout, the shape mismatch, the skipped collective, DETAIL mode and
+the control run (~15 s each unloaded).
 """
 import json
 import pickle
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -49,6 +51,57 @@ def test_a_late_rank_is_a_timeout_and_its_stack_shows_where_it_was(tmp_path, no_
     assert "time.sleep" in d["last_stack"][1]  # dumped on SIGTERM while sleeping
     assert not d["timed_out"] and d["elapsed_s"] < JOB_TIMEOUT
     assert "Timed out" in json.dumps(hangs._sidecars(tmp_path / "sleep")[0])
+
+
+WHOLE_JOB_TIMEOUT = 45.0  # the launcher's --timeout; the group timeout is far longer, so only the launcher can end it
+
+
+def _whole_job(tmp_path, timeout):
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", "launch", "--nproc", "2", "--timeout", str(timeout),
+                          "--diagnose", "--json", "--pg-timeout", "600", "--dump-dir", str(tmp_path), "-m",
+                          "coursekit.profiling.planted", "--case", "sleep"],
+                         capture_output=True, text=True, timeout=timeout + 90)
+    assert out.returncode == 1, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), time.monotonic() - t0
+
+
+def _reached(folder, seq) -> bool:
+    """Whether rank 0's dump holds collective ``seq``: the job got as far as its hang before the timeout."""
+    f = folder / "fr_trace_0.pkl"
+    return f.exists() and any(e["collective_seq_id"] == seq for e in pickle.loads(f.read_bytes())["entries"])
+
+
+@pytest.mark.slow  # runs to its 45 s job timeout by design (75 s at load average ~25)
+def test_the_whole_job_past_its_timeout_names_the_rank_that_never_arrived(tmp_path, no_orphans):
+    """No rank ever raises: rank 1 sleeps before collective #3 and rank 0 waits in it, with a 600 s group timeout
+    (and the wrapper's watchdog at 605 s) against a 45 s job timeout. So the launcher ends the job: it sends SIGUSR1
+    to every worker (each dumps its flight recorder from its signal thread, rank 0 while its main thread is blocked
+    in the all-reduce, rank 1 while it sleeps), then stops them all; the diagnosis comes from those dumps alone.
+
+    45 s because the timeout counts from the launch: on 2 cores at load average ~20 the two workers' imports alone
+    took 30-35 s (measured 2026-12-01). If the workers did not even reach collective #3 in that time (the diagnosis
+    then is a timeout of every rank, at no collective), the test runs once more with twice the timeout."""
+    timeout, folder = WHOLE_JOB_TIMEOUT, tmp_path / "fr"
+    d, wall = _whole_job(folder, timeout)
+    if not _reached(folder, 3):
+        print(f"\nthe job had not reached collective #3 after {timeout:.0f} s (start-up under load): once more")
+        timeout, folder = 2 * timeout, tmp_path / "fr-2"
+        d, wall = _whole_job(folder, timeout)
+    assert d["timed_out"], d  # the launcher's timeout ended it, not the group timeout
+    assert d["kind"] == "timeout" and d["ranks"] == [1] and d["seq"] == 3, d
+    assert ops(d) == {0: ("all_reduce", [[4]])}  # rank 0 waits in all_reduce #3; rank 1 never issued it
+    stack = {int(r): where for r, where in d["last_stack"].items()}  # JSON keys are strings
+    assert "time.sleep" in stack[1] and "all_reduce" in stack[0], stack
+    side = hangs._sidecars(folder)
+    for rank in (0, 1):  # both dumped on the launcher's request, alive; neither raised (no group timeout fired)
+        reasons = [x["reason"] for x in side[rank]["dumps"]]
+        assert "signal" in reasons and "exception" not in reasons, (rank, reasons)
+    # stopped at its timeout, not at the group's (600 s): the dumps (<= 5 s), the stop (<= 10 s), then the
+    # analysis (torch's analyser imports torch: ~25 s in all at load average 20-29, measured 2026-12-01)
+    assert timeout <= d["elapsed_s"] < timeout + 45, d["elapsed_s"]
+    assert wall < timeout + 75
+    print(f"\nwhole-job timeout {timeout:.0f} s -> diagnosis after {d['elapsed_s']:.1f} s (command {wall:.1f} s)")
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@
 NCCL writes its flight recorder to a file when a collective times out; gloo records the same entries
 (``TORCH_FR_BUFFER_SIZE``) but never writes them. This wrapper runs the script as ``__main__`` and writes
 ``$COURSEKIT_FR_DIR/fr_trace_<rank>.pkl`` (``torch._C._distributed_c10d._dump_fr_trace()``, the pickle torch's
-analyser reads) plus ``fr_trace_<rank>.json`` (why and when it dumped, the main thread's Python stack at that
+analyser reads; at once without the collectives' stacks, then with them: the first such dump is slow, so a thread
+pays that once in the background as soon as a collective is recorded) plus ``fr_trace_<rank>.json`` (why and when it dumped, the main thread's Python stack at that
 moment, this rank's live process groups) whenever
   * it receives SIGUSR1 -- the launcher sends it to every worker when the job hangs. A thread waits for the signal
     (``sigwait``), so a dump happens even while the main thread is blocked inside a collective;
@@ -71,16 +72,46 @@ def dump(reason: str, error: str | None = None, tb=None) -> None:
         stack = [f"{f.filename}:{f.lineno} in {f.name}: {f.line or ''}".strip() for f in frames
                  if "frozen runpy" not in f.filename and not f.filename.endswith("frwrap.py")]
         torch = sys.modules.get("torch")  # never import it here: the main thread may hold the import lock
-        try:
-            blob = torch._C._distributed_c10d._dump_fr_trace()
+        try:  # first without the collectives' stacks: instant, so a dump is on disk whatever comes next
+            blob = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=_warm.is_set())
         except Exception as e:  # torch not imported (yet) by the script, or no recorder: say so in the sidecar
             blob, error = None, (error or "") + f" [no flight-recorder dump: {e!r}]"
         if blob is not None:
-            tmp = out / f".fr_trace_{_rank()}.tmp"
-            tmp.write_bytes(blob)
-            os.replace(tmp, out / f"fr_trace_{_rank()}.pkl")
-        _history.append({"reason": reason, "time": time.time(), "error": error, "stack": stack[-12:]})
+            _write_pkl(out, blob)
+        _history.append({"reason": reason, "time": time.time(), "error": error, "stack": stack[-12:],
+                         "stacks": _warm.is_set()})
         _write_side(out)
+        if blob is not None and not _warm.is_set():  # then with them (slow the first time, see _warm_up)
+            _write_pkl(out, torch._C._distributed_c10d._dump_fr_trace())
+            _warm.set()
+            _history[-1]["stacks"] = True
+            _write_side(out)
+
+
+def _write_pkl(out: Path, blob: bytes) -> None:
+    tmp = out / f".fr_trace_{_rank()}.tmp"
+    tmp.write_bytes(blob)
+    os.replace(tmp, out / f"fr_trace_{_rank()}.pkl")
+
+
+_warm = threading.Event()
+
+
+def _warm_up() -> None:
+    """The first dump that includes the collectives' stacks initialises torch's symbolizer: 5-20 s of CPU on a loaded
+    2-core machine (later dumps take microseconds). Pay it in the background once the recorder holds an entry, not
+    when the launcher asks for a dump and waits 5 s before it stops the job. The call releases the GIL."""
+    import pickle
+
+    while not _warm.is_set():
+        time.sleep(0.5)
+        try:
+            c10d = sys.modules["torch"]._C._distributed_c10d
+            if pickle.loads(c10d._dump_fr_trace(includeStackTraces=False)).get("entries"):
+                c10d._dump_fr_trace()
+                _warm.set()
+        except Exception:  # torch not (fully) imported yet, or no process group: try again
+            continue
 
 
 def _signal_thread() -> None:
@@ -155,6 +186,7 @@ def main(argv=None) -> int:
                                                                        {signal.SIGUSR1, signal.SIGTERM}))
     threading.Thread(target=_signal_thread, name="coursekit-frwrap", daemon=True).start()
     _write_side(out)  # the launcher finds this worker's pid here
+    threading.Thread(target=_warm_up, name="coursekit-frwarm", daemon=True).start()
     if os.environ.get(TIMEOUT_ENV):
         limit = float(os.environ[TIMEOUT_ENV])
         _short_timeouts(limit)
