@@ -82,9 +82,9 @@ def coursekit_memory(*argv) -> dict:
 
 
 def test_qlora_fsdp2_trains_and_holds_predicted_bytes(qlora_run, no_orphans):
-    for r in qlora_run.results:
+    for rank, r in enumerate(qlora_run.results):
         d = coursekit_memory("--model", "tiny-llama", "--micro-batch", "4", "--seq", "32", "--dtype", "fp32",
-                             "--strategy", "fsdp2", "--dp-shard", "2", "--dp-rank", str(r["rank"]), "--qlora",
+                             "--strategy", "fsdp2", "--dp-shard", "2", "--dp-rank", str(rank), "--qlora",
                              "--lora-rank", "8", "--nf4-block", "32", "--nf4-scaler-block", "8")
         q, k, h = d["detail"]["qlora"], r["kinds"], r["held"]
         assert r["losses"][-1] < r["losses"][0]
