@@ -7,8 +7,8 @@ NCCL writes its flight recorder to a file when a collective times out; gloo reco
 (``TORCH_FR_BUFFER_SIZE``) but never writes them. This wrapper runs the script as ``__main__`` and writes
 ``$COURSEKIT_FR_DIR/fr_trace_<rank>.pkl`` (``torch._C._distributed_c10d._dump_fr_trace()``, the pickle torch's
 analyser reads; at once without the collectives' stacks, then with them: the first such dump is slow, so a thread
-pays that once in the background as soon as a collective is recorded) plus ``fr_trace_<rank>.json`` (why and when it dumped, the main thread's Python stack at that
-moment, this rank's live process groups) whenever
+pays that once in the background as soon as a collective is recorded) plus ``fr_trace_<rank>.json`` (why and
+when it dumped, the main thread's Python stack at that moment, this rank's live process groups) whenever
   * it receives SIGUSR1 -- the launcher sends it to every worker when the job hangs. A thread waits for the signal
     (``sigwait``), so a dump happens even while the main thread is blocked inside a collective;
   * it receives SIGTERM (torchrun stopping the survivors after one rank failed): dump, then exit with 143;
