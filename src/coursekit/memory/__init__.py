@@ -7,8 +7,9 @@
 Modules: ``shapes`` (ModelShape, HF config.json, parameter terms), ``presets``, ``activations`` (saved tensors, term by
 term), ``states`` (precision conventions, optimizers, the Ψ formula of model states), ``engines`` (one module per
 data-parallel engine behind one protocol: ``ddp``, ``deepspeed``, ``fsdp2``; and ``megatron``, the TP / SP / PP / CP
-split), ``deepspeed`` (DeepSpeed's exact per-rank layout, used by ``engines.deepspeed``), ``train_config`` (TrainConfig),
-``calculator`` (estimate: adds up what the engine and the split say), ``solvers``, ``gpus``, ``cli``.
+split), ``deepspeed`` (DeepSpeed's exact per-rank layout, used by ``engines.deepspeed``), ``qlora`` (a frozen NF4
+base + LoRA adapters under FSDP2, by kind), ``train_config`` (TrainConfig), ``calculator`` (estimate: adds up what
+the engine and the split say), ``solvers``, ``gpus``, ``cli``.
 """
 from coursekit.memory.activations import ActivationReport, activation_bytes
 from coursekit.memory.calculator import Estimate, estimate, resolve_model
