@@ -157,19 +157,21 @@ for _sp in (False, True):
 # %% [markdown]
 # The real thing: the trainer's TP model (`coursekit.tp.plan`: DTensor `ColwiseParallel` q/k/v/gate/up,
 # `RowwiseParallel` o/down) on 2 processes, one forward + backward under `CollectiveCounter` (`coursekit.tp.probe`),
-# 2 × 32 tokens, fp32. A layer is attention + MLP: twice your list.
+# 2 × 32 tokens, fp32, 2 layers of attention + MLP: 4 times your list. With `--sp` the model adds 2 all-gathers
+# outside the layers: the last block's output, gathered for the final norm and head, and in backward the gradient
+# at the first block's token split.
 
 # %% nbgrader={"grade": false, "grade_id": "demo_tp_probe", "locked": true, "schema_version": 3, "solution": false}
 for _sp in (False, True):
     _r = launch("coursekit.tp.probe", ["--model", MODEL, "--tp", 2, "--seq", 32, "--micro-batch", 2]
                 + (["--sp"] if _sp else []), nproc=2, timeout=240, stream=False).results[0]
-    _counted = {op: (n, k // _r["layers"]) for op, n, k in _r["counted"]}
+    _counted = {op: (n, k) for op, n, k in _r["counted"]}
     try:
         _ops = [c[1:3] for c in mlp_collectives(64, 64, 4, _sp)]
-        _yours = {op: (n, 2 * _ops.count((op, n))) for op, n in _ops}
+        _yours = {op: (n, 2 * _r["layers"] * _ops.count((op, n))) for op, n in _ops}
     except NotImplementedError:
         _yours = "(not written yet)"
-    print(f"sp={_sp}: counted per layer {{op: (bytes, calls)}} {_counted}; yours x 2 {_yours}")
+    print(f"sp={_sp}: counted {{op: (bytes, calls)}} {_counted}; yours x 4 {_yours}")
 
 # %% [markdown]
 # ## 3. The pipeline bubble
@@ -219,7 +221,8 @@ assert microbatches_for(4, 0.9) == 1
 # Now measure. `coursekit.pp.probe` runs the trainer's pipeline (`--pp 2`, hand-made `PipelineStage`s and torch's
 # schedules) on 2 processes, times every forward and backward chunk of every stage, and reports the timelines; the
 # bubble is the first stage's idle share of the step's span (`coursekit.pp.bubble.measured`). The model is the tiny
-# Llama with 4 layers (2 per stage; interleaved: 1 per stage, 2 stages per rank).
+# Llama widened to hidden 256 (MLP 688, 4 heads of 64) with 4 layers (2 per stage; interleaved: 1 per stage, 2
+# stages per rank), micro-batches of 2 × 128 tokens, so that a chunk computes for tens of milliseconds.
 
 # %% nbgrader={"grade": false, "grade_id": "demo_pipeline", "locked": true, "schema_version": 3, "solution": false}
 from coursekit.memory import preset, to_hf_config_dict
@@ -227,10 +230,11 @@ from coursekit.pp.bubble import measured, theory
 
 _dir = tempfile.mkdtemp(prefix="lab4-")
 pp_model = str(Path(_dir) / "llama-4.json")
-Path(pp_model).write_text(json.dumps(to_hf_config_dict(preset(MODEL)) | {"num_hidden_layers": 4}))
-for _kind, _m in (("gpipe", 1), ("gpipe", 2), ("gpipe", 4), ("gpipe", 8), ("1f1b", 4), ("interleaved-1f1b", 4)):
+Path(pp_model).write_text(json.dumps(to_hf_config_dict(preset(MODEL)) | dict(
+    num_hidden_layers=4, hidden_size=256, intermediate_size=688, head_dim=64)))
+for _kind, _m in (("gpipe", 1), ("gpipe", 4), ("gpipe", 8), ("1f1b", 4), ("interleaved-1f1b", 4)):
     _res = launch("coursekit.pp.probe", ["--model", pp_model, "--pp", 2, "--grad-accum", _m, "--pp-schedule", _kind,
-                                         "--steps", 3, "--seq", 32, "--global-batch", 2 * _m],
+                                         "--steps", 2, "--seq", 128, "--global-batch", 2 * _m],
                   nproc=2, timeout=240, stream=False).results
     _v = _res[0]["v"]
     try:
@@ -241,15 +245,15 @@ for _kind, _m in (("gpipe", 1), ("gpipe", 2), ("gpipe", 4), ("gpipe", 8), ("1f1b
           f"theory {theory(2, _m, _v):.3f}   yours {_yours}")
 
 # %% [markdown]
-# The measured bubble falls with m, as the formula says, and interleaving cuts it further — but on this CPU it
-# stays **above** theory. The formula assumes every forward and backward chunk takes the same time and that
-# handing an activation to the next stage is free. Here a chunk lasts a few milliseconds, so the gloo send/recv,
-# the schedule's Python bookkeeping and waiting for the other process (2 processes on 2 shared cores) are a large
-# share of it, and all of that counts as idle; the last stage also computes the loss, so stages are uneven. On GPUs
-# with chunks of tens of milliseconds and NVLink transfers the measurement comes close to (p−1)/(v·m+p−1).
-# `bench/bench_parallel.py` repeats this for m = 1..8 and more schedules. Zero-bubble schedules and DualPipeV run
-# with hand-made stages on gloo, but the trainer refuses them for now (a KeyError inside torch's composable
-# `replicate` on gloo).
+# The measured bubble falls with m, as the formula says, but on this CPU it stays **above** theory, the more so the
+# shorter the chunks (interleaving halves them). The formula assumes equal chunks and free hand-offs between stages.
+# Here every chunk also pays a gloo send/recv and the schedule's Python bookkeeping, which count as idle; the last
+# stage computes the loss too, so stages are uneven. With the 64-wide tiny model (chunks of a few ms) the same run
+# measures about 0.7 at m = 1 and m = 4 (README): overhead hides the trend. On a machine shared with other jobs a
+# chunk's time also includes moments the OS ran something else, and the numbers scatter either way. On GPUs, with
+# long chunks and NVLink hand-offs, the measurement comes close to (p−1)/(v·m+p−1). `bench/bench_parallel.py` runs
+# more schedules and m. Zero-bubble schedules and DualPipeV run with hand-made stages on gloo, but the trainer
+# refuses them for now (a KeyError inside torch's composable `replicate` on gloo).
 #
 # ## 4. Ring Attention's online softmax
 #
@@ -399,7 +403,7 @@ assert choose_cp(1, 1024, 8, 8, 64, 2, 1.0, 1e300) == "ring", "a tie goes to the
 # kernels (the ring's tiles are plain matmuls, Ulysses calls torch's flash SDPA) and gloo's latency, not NVLink.
 
 # %% nbgrader={"grade": false, "grade_id": "demo_cp_compare", "locked": true, "schema_version": 3, "solution": false}
-cp_rows = launch("coursekit.cp.compare", ["--seqs", 256, 1024, 4096, "--heads", 4, "--head-dim", 16],
+cp_rows = launch("coursekit.cp.compare", ["--seqs", 256, 1024, 2048, "--heads", 4, "--head-dim", 16, "--iters", 2],
                  nproc=2, timeout=240, stream=False).results[0]
 for _r in cp_rows:
     print(f"seq {_r['seq']:>5} {_r['impl']:<8} {_r['ms']:7.1f} ms   sent {_r['sent_bytes'] / 1e3:8.1f} kB "
@@ -502,7 +506,7 @@ _per_gpu = {"tp": volume.send_bytes_per_rank(volume.tensor_parallel(_s.layers //
             "dp": volume.send_bytes_per_rank(volume.ddp(_s.num_params() // (_tp * _pp), _dp, grad_bytes=2)),
             "pp": 2 * _m * _tok * _s.hidden * 2 / _tp}  # activation forward + its gradient back, split over tp
 for _a, _b in _per_gpu.items():
-    print(f"{_a}: {_b / 1e9:6.2f} GB per GPU per step -> {_b / NVLINK:6.2f} s on NVLink, {_b / IB:6.2f} s on the network")
+    print(f"{_a}: {_b / 1e9:6.2f} GB per GPU and step: {_b / NVLINK:6.2f} s on NVLink, {_b / IB:6.2f} s on the network")
 
 # %% [markdown]
 # TP moves by far the most, on the critical path of every layer: over the network it would add seconds to every
@@ -537,7 +541,7 @@ print(json.dumps({k: top[k] for k in ("summary", "step_time_s", "compute_s", "bu
 # part other than compute), `compute_share` (compute / step) and `bubble_fraction`: what section 3's formula says
 # for its pp, virtual stages and micro-batches. Then explain for yourself: why does the top choice put **pp**
 # across the nodes and keep dp (FSDP2), cp and tp inside them, while the alternative (tp 8 fills each node, so
-# FSDP's gathers and reduce-scatters of every layer cross the slow network) is 6-7 times slower? Why 2 virtual
+# FSDP's gathers and reduce-scatters of every layer cross the slow network) is several times slower? Why 2 virtual
 # stages and not 4 (look at pp comm)?
 
 # %% nbgrader={"grade": false, "grade_id": "explain_plan", "locked": false, "schema_version": 3, "solution": true}
