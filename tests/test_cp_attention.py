@@ -345,9 +345,14 @@ def test_saved_activation_bytes_per_cp_rank(cp_run):
     for r in _all(cp_run, "saved"):
         m = modelled_bytes(r["impl"], batch=B, seq=SEQ, hidden=r["heads"] * D, heads=r["heads"],
                            kv_heads=r["kv_heads"], cp=r["cp"])
-        assert r["attention"] == m["attention"], (r, m)
-        if r["impl"] == "ring":  # exactly what the calculator's --cp says; o_proj saves the output's own storage
-            assert m["not_in_calculator"] == 0 and r["o_proj_input"] == 0, r
+        # measured = derived by hand = what the calculator's --cp C --cp-impl IMPL counts
+        assert r["attention"] == m["attention"] == m["calculator"], (r, m)
+        if r["impl"] == "ring":  # the flash terms at s/C; o_proj saves the output's own storage
+            assert m["ulysses_extra"] == 0 and r["o_proj_input"] == 0, r
+        else:  # SDPA's head-sharded output and o_proj's input are two storages of n·a·d each
+            assert r["o_proj_input"] == B * SEQ // r["cp"] * r["heads"] * D * 4, r
+    kinds = {(r["cp"], r["kv_heads"] < r["cp"]) for r in _all(cp_run, "saved") if r["impl"] == "ulysses"}
+    assert kinds == {(2, False), (2, True), (4, False), (4, True)}  # with and without replicated K/V heads
 
 
 @pytest.mark.slow  # transformers in 4 more processes: ~15 s of CPU on top of the launch above

@@ -163,3 +163,38 @@ def test_profiles_differ_where_kernels_do():
     assert activation_bytes(shape, 2, 64, impl="fused").total_bytes == cuda.total_bytes
     ll = llama(64, 4, 2, 176)
     assert activation_bytes(ll, 2, 64, impl="fused").total_bytes < activation_bytes(ll, 2, 64).total_bytes
+
+
+
+def test_saved_bytes_per_cp_rank_equal_coursekit_memory_cp_impl(tmp_path, no_orphans):
+    """2 CP ranks, the trainer's tiny Llama (4 query heads) with 4, 2 and 1 K/V heads, ring and Ulysses, fed by the
+    trainer's data path and loss: each rank's measured saved bytes, embedding to loss, equal ``coursekit memory --cp 2
+    --cp-impl IMPL --position-ids per-sequence`` to the byte, and a middle block equals its per-layer terms. Ulysses
+    keeps more than ring (the output twice), and more again with 1 K/V head (< C: replicated over all s tokens)."""
+    import json
+
+    from coursekit.launch import launch
+    from coursekit.memory.cli import build_parser, run
+
+    b, s = 2, 32
+    res = launch("coursekit.cp.probe", ["--seq", str(s), "--micro-batch", str(b)], nproc=2, timeout=300,
+                 stream=False).results
+    layer = {}
+    for rec in res:
+        assert len(rec["runs"]) == 6
+        for r in rec["runs"]:
+            cfg = tmp_path / f"llama-kv{r['kv_heads']}.json"
+            cfg.write_text(json.dumps(to_hf_config_dict(preset("tiny-llama").with_(kv_heads=r["kv_heads"]))))
+            est = run(build_parser().parse_args([
+                "--model", str(cfg), "--micro-batch", str(b), "--seq", str(s), "--dtype", "fp32", "--kernels", "cpu",
+                "--cp", "2", "--cp-impl", r["impl"], "--position-ids", "per-sequence", "--json"]))
+            per_layer = sum(est["activation_terms"]["per_layer"].values())
+            assert r["total_bytes"] == est["activations_bytes"], (rec["rank"], r, est["activation_terms"])
+            assert r["by_layer"]["layers.1"] == per_layer
+            layer[(rec["rank"], r["impl"], r["kv_heads"])] = per_layer
+    n = b * s // 2  # tokens per CP rank
+    for rank in (0, 1):
+        for kv in (4, 2):  # the output saved twice: n·a·d fp32 more
+            assert layer[(rank, "ulysses", kv)] - layer[(rank, "ring", kv)] == n * 64 * 4
+        # one K/V head over all s tokens instead of s/2: K and V each b·(s − s/2)·d more
+        assert layer[(rank, "ulysses", 1)] - layer[(rank, "ring", 1)] == n * 64 * 4 + 2 * b * (s - s // 2) * 16 * 4

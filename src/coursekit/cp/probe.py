@@ -12,8 +12,16 @@ What each implementation keeps, per rank, with n = b·s/C tokens, a heads, kvh K
     ulysses  the local SDPA saves its head-sharded q, k, v, output and log-sum-exp (the same sizes), *and* o_proj
              saves the output again after the all-to-all back: + n·a·d·P. With kvh < C each rank also keeps a whole
              replicated K/V head over the full sequence: k and v hold b·s·d instead of n·kvh·d elements each.
+             ``coursekit memory --cp C --cp-impl ulysses`` counts both (``modelled_bytes`` keeps the split).
+
+Whole model: ``launch("coursekit.cp.probe", ["--seq", "32", "--micro-batch", "2"], nproc=2)`` measures, on every CP
+rank, the trainer's tiny Llama (MHA, GQA, and one K/V head) with each implementation, embedding to loss, fed by the
+trainer's own data path (``coursekit.data.micro_batches`` with the impl's layout): per-rank saved bytes to compare
+with ``coursekit memory --cp C --cp-impl IMPL --position-ids per-sequence --kernels cpu --dtype fp32``.
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -62,14 +70,15 @@ def measured_bytes(block: AttentionBlock, x: torch.Tensor) -> dict[str, int]:
 
 def modelled_bytes(impl: str, *, batch: int, seq: int, hidden: int, heads: int, kv_heads: int, cp: int,
                    dtype: str = "fp32") -> dict[str, int]:
-    """The calculator's attention terms at ``cp`` (HF Llama on CPU, flash SDPA) and, for Ulysses, the terms it
-    lacks. Returns {"calculator": ..., "not_in_calculator": ..., "attention": sum}."""
+    """The attention terms modelled two ways (HF Llama on CPU, flash SDPA): derived by hand here — ring's flash
+    terms at s/C plus, for Ulysses, the terms ring does not have — and as the calculator counts them with
+    ``cp_impl``. Returns {"ring_terms", "ulysses_extra", "attention": their sum, "calculator"}."""
     from coursekit.memory.activations import DTYPE_BYTES, activation_bytes
     from coursekit.memory.shapes import ModelShape
 
     shape = ModelShape(layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=256, ffn=hidden)
-    terms = activation_bytes(shape, batch, seq, dtype=dtype, kernels="cpu", cp=cp).per_layer
-    calc = sum(v for k, v in terms.items() if k.startswith("attn."))
+    attn = lambda terms: sum(v for k, v in terms.items() if k.startswith("attn."))  # noqa: E731
+    ring = attn(activation_bytes(shape, batch, seq, dtype=dtype, kernels="cpu", cp=cp).per_layer)
     P, d, n = DTYPE_BYTES[dtype], hidden // heads, batch * seq // cp
     extra = 0
     if impl == "ulysses" and cp > 1:
@@ -78,4 +87,61 @@ def modelled_bytes(impl: str, *, batch: int, seq: int, hidden: int, heads: int, 
             extra += 2 * (batch * seq * d - n * kv_heads * d) * P
     elif impl != "ring":
         raise ValueError(f"unknown implementation {impl!r}")
-    return {"calculator": calc, "not_in_calculator": extra, "attention": calc + extra}
+    calc = attn(activation_bytes(shape, batch, seq, dtype=dtype, kernels="cpu", cp=cp, cp_impl=impl).per_layer)
+    return {"ring_terms": ring, "ulysses_extra": extra, "attention": ring + extra, "calculator": calc}
+
+
+class TrainerLoss(torch.nn.Module):
+    """The trainer's forward and loss (``coursekit.train.loss.cross_entropy`` on pre-shifted labels) in the
+    measurement's calling convention."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, labels=None, position_ids=None, use_cache=False):
+        from coursekit.train.loss import cross_entropy
+
+        return cross_entropy(self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache).logits,
+                             labels)
+
+
+def run(argv) -> dict:
+    """Per CP rank: saved bytes of the whole tiny Llama with each impl and K/V head count (see the docstring)."""
+    import torch.distributed as dist
+
+    from coursekit import dist as ckdist
+    from coursekit.cp.hf import use_cp_attention
+    from coursekit.cp.shard import layout_for
+    from coursekit.data import make_dataset, micro_batches
+    from coursekit.models import build_model
+    from coursekit.options import parse
+
+    t = parse(["--strategy", "ddp", *argv]).train
+    b = t.micro_batch or 2
+    out = []
+    with ckdist.session(seed=t.seed) as info:
+        cp, rank = info.world_size, info.rank
+        ds = make_dataset(t.data, seq_len=t.seq + 1, num_samples=16, seed=t.seed)
+        for kv in (4, 2, 1):  # tiny-llama's 4 query heads: MHA, GQA with kv = C (at C = 2), one K/V head
+            for impl in ("ring", "ulysses"):
+                lm = use_cp_attention(build_model(t.model, seed=t.seed, num_key_value_heads=kv), impl,
+                                      dist.group.WORLD).train()
+                batch, = micro_batches(ds, 0, micro_batch=b, grad_accum=1, cp_rank=rank, cp=cp,
+                                       cp_layout=layout_for(impl))
+                r = saved_activation_bytes(TrainerLoss(lm), batch.input_ids, labels=batch.labels, breakdown=True,
+                                           position_ids=batch.position_ids)
+                out.append({"impl": impl, "kv_heads": kv, "cp": cp, "micro_batch": b, "seq": t.seq,
+                            "total_bytes": r["total_bytes"], "by_layer": r["by_layer"]})
+    return {"rank": rank, "runs": out}
+
+
+def main(argv=None) -> int:
+    from coursekit.launch import report
+
+    report(run(list(sys.argv[1:] if argv is None else argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

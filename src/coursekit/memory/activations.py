@@ -23,7 +23,14 @@ Profiles (``impl`` × ``kernels``):
 Recompute: ``selective`` checkpoints the attention core (QKᵀ, softmax, dropout, ·V): only its inputs q, k, v and its
 output stay; ``full`` checkpoints whole layers: one ``b·s·h`` input per layer stays.
 Parallelism: TP splits heads and FFN width (K/V heads: max(1, k/t)); sequence parallelism (``sp``) also splits the
-residual-stream tensors (norms, dropout masks) over TP ranks; CP splits the sequence.
+residual-stream tensors (norms, dropout masks) over TP ranks; CP splits the sequence. ``cp_impl``: ring attention
+keeps q, k, v, output and log-sum-exp of its own s/C rows (the flash terms at s/C, ``coursekit.cp.ring``);
+Ulysses (``coursekit.cp.ulysses``) saves the same sizes head-sharded over the full sequence, *plus* the output once
+more (SDPA's head-sharded output and o_proj's sequence-sharded input are two storages), and with fewer K/V heads
+than C each rank keeps one replicated K/V head over all s tokens (b·s·d per tensor instead of b·(s/C)·k·d).
+``position_ids``: ``shared`` — HF's default when the caller passes none, RoPE tables of shape (1, s); ``per-sequence``
+— the caller passes (b, s) position ids (coursekit's trainer always does: a CP shard or a pipeline micro-batch needs
+its own), and the cos/sin tables are b times larger.
 """
 from __future__ import annotations
 
@@ -38,6 +45,8 @@ ATTENTION = ("sdpa", "eager")
 IMPLS = ("hf", "fused")
 KERNELS = ("cuda", "cpu", "meta")
 RECOMPUTE = ("none", "selective", "full")
+CP_IMPLS = ("ring", "ulysses")
+POSITION_IDS = ("shared", "per-sequence")
 # Tensors of the FFN width an activation function saves, not counting its output (which the next linear saves).
 # silu/gelu/gelu_pytorch_tanh save their input; relu saves only its output; quick_gelu: x and sigmoid(1.702x);
 # HF's gelu_new (0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))) saves x, tanh(...), 0.5·x and 1 + tanh(...).
@@ -99,7 +108,8 @@ def attention_kernel(shape: ModelShape, *, dtype: str, attention: str, impl: str
 @lru_cache(maxsize=8192)  # a pure function of hashable inputs; grids and solvers repeat the same activations
 def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "sdpa",
                      impl: str = "hf", kernels: str = "cuda", recompute: str = "none", dropout: float | None = None,
-                     tp: int = 1, sp: bool = False, cp: int = 1) -> ActivationReport:
+                     tp: int = 1, sp: bool = False, cp: int = 1, cp_impl: str = "ring",
+                     position_ids: str = "shared") -> ActivationReport:
     """Saved activation bytes of one micro-batch of ``batch`` sequences of ``seq`` tokens, on one TP/CP rank.
 
     ``dropout`` overrides the shape's dropout rates (all of them) when given. The report is cached and shared:
@@ -110,6 +120,8 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     choice("impl", impl, IMPLS)
     choice("kernels", kernels, KERNELS)
     choice("recompute", recompute, RECOMPUTE)
+    choice("cp_impl", cp_impl, CP_IMPLS)
+    choice("position_ids", position_ids, POSITION_IDS)
     if seq % cp:
         raise ConfigError(f"seq ({seq}) must be divisible by cp ({cp})")
     if shape.heads % tp or shape.ffn % tp or (shape.kv_heads % tp and tp % shape.kv_heads):
@@ -127,6 +139,15 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     kernel = attention_kernel(shape, dtype=dtype, attention=attention, impl=impl, kernels=kernels, dropout=p_attn)
     if cp > 1 and kernel in ("eager", "math"):
         raise ConfigError("context parallelism needs a flash-style attention kernel (sdpa on CUDA, or fused)")
+    ulysses = cp > 1 and cp_impl == "ulysses"
+    if ulysses:
+        a_, k_ = shape.heads // tp, max(1, shape.kv_heads // tp)
+        if a_ % cp or (k_ % cp and cp % k_):
+            raise ConfigError(f"Ulysses splits heads: cp ({cp}) must divide the query heads per TP rank ({a_}), and "
+                              f"divide or be a multiple of their K/V heads ({k_})")
+        if recompute == "selective":
+            raise ConfigError("selective recompute with cp_impl ulysses is not modelled (the checkpoint boundary "
+                              "against the all-to-alls decides what stays)")
     if shape.activation not in ACTIVATION_SAVES:
         raise ConfigError(f"unknown activation {shape.activation!r}; known: {', '.join(ACTIVATION_SAVES)}")
 
@@ -158,7 +179,7 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     else:
         t.update(norm("attn_norm"))
         t.update(_attention(shape, kernel, recompute, P=P, n=n, a=a, k=k, d=d, h=h, tp=tp, ss=ss, batch=batch, s=s,
-                            mask=mask, p_attn=p_attn, cuda=cuda))
+                            mask=mask, p_attn=p_attn, cuda=cuda, ulysses=cp if ulysses else 0))
         if p_resid > 0:
             t["attn_resid_dropout.mask"] = mask * n_res * h
         t.update(norm("mlp_norm"))
@@ -179,7 +200,9 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     if shape.positions == "learned":
         e["position_ids(int64)"] = 8 * s  # shape (1, s)
     elif recompute != "full":
-        sh["rope_cos_sin"] = 2 * s * d * P  # (1, s, d) each, shared by all layers (held by checkpoints otherwise)
+        # (1, s, d) each, or (b, s, d) from per-sequence position ids; shared by all layers (checkpoints hold them
+        # otherwise)
+        sh["rope_cos_sin"] = 2 * (batch if position_ids == "per-sequence" else 1) * s * d * P
     if recompute == "full" and kernel == "eager" and shape.arch == "gpt2":
         sh["causal_mask(checkpoint_arg)"] = P * batch * s * s  # GPT-2 hands its (b, 1, s, s) mask positionally
     if p_embd > 0:
@@ -198,9 +221,21 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     return ActivationReport(nz(t), nz(e), nz(sh), nz(hd), shape.layers, kernel, tuple(notes))
 
 
-def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, mask, p_attn, cuda) -> dict[str, int]:
-    """The attention block between the norm output and o_proj's saved input."""
+def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, mask, p_attn, cuda,
+               ulysses=0) -> dict[str, int]:
+    """The attention block between the norm output and o_proj's saved input (``ulysses``: its degree C, or 0)."""
     t: dict[str, int] = {}
+    if ulysses and kernel in ("flash", "efficient"):  # the local kernel sees a/C heads of all S = s·C tokens
+        C, S = ulysses, s * ulysses
+        kv = batch * S * d * max(1, k // C)  # K/V elements: k/C heads, or one replicated head when k < C
+        rows = S if kernel == "flash" else -(-S // 32) * 32
+        t = {"attn.q_heads(ulysses)": P * n * a * d, "attn.k_heads(ulysses)": P * kv,
+             "attn.v_heads(ulysses)": P * kv, "attn.logsumexp_fp32": 4 * batch * (a // C) * rows,
+             "attn.out_heads(ulysses)": P * n * a * d,  # SDPA's output, before the all-to-all back
+             "attn.core_out(o_proj_input)": P * n * a * d}
+        if cuda and p_attn > 0:
+            t["attn.rng_state"] = 16
+        return t
     fused_qkv = shape.arch == "gpt2"  # q, k, v are views of one c_attn output
     # Tensors entering the attention core as the model hands them over:
     if fused_qkv:

@@ -18,7 +18,7 @@ import os
 import sys
 
 from coursekit.memory import answers, vocab
-from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
+from coursekit.memory.activations import ATTENTION, CP_IMPLS, DTYPE_BYTES, IMPLS, KERNELS, POSITION_IDS, RECOMPUTE
 from coursekit.memory.calculator import estimate
 from coursekit.memory.train_config import PP_SCHEDULES, TrainConfig
 from coursekit.memory.errors import ConfigError
@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--sp", action="store_true", help="sequence parallelism over the TP group")
     a("--pp", type=int, default=1)
     a("--cp", type=int, default=1)
+    a("--cp-impl", default="ring", choices=list(CP_IMPLS), help="context-parallel attention (the trainer's --cp-impl)")
+    a("--position-ids", default="shared", choices=list(POSITION_IDS),
+      help="RoPE tables: shared (1, s), or per-sequence (b, s) position ids as coursekit's trainer passes")
     a("--grad-accum", "--microbatches", dest="microbatches", type=int,
       help="micro-batches per optimizer step, under pp the schedule's (default: pp; alias --microbatches)")
     a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES))
@@ -86,7 +89,8 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
     kw = dict(batch=ns.batch, seq=ns.seq, dtype=ns.dtype, precision=ns.precision, optimizer=ns.optimizer,
               attention=ns.attention, impl=ns.impl, kernels=ns.kernels, recompute=ns.recompute, dropout=ns.dropout,
               dp=ns.dp, world=ns.world, fsdp_reshard=not ns.no_reshard, ddp_bucket_view=not ns.no_bucket_view,
-              hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, microbatches=ns.microbatches,
+              hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, cp_impl=ns.cp_impl,
+              position_ids=ns.position_ids, microbatches=ns.microbatches,
               pp_schedule=ns.pp_schedule, offload=ns.offload, offload_params=ns.offload_params, dp_rank=ns.dp_rank,
               gpu=ns.gpu, strategy=ns.strategy, dp_replicate=ns.dp_replicate, dp_shard=ns.dp_shard)
     kw.update({k: getattr(ns, k) for k in ("zero", "engine") if getattr(ns, k) is not None})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from coursekit.memory.activations import ATTENTION, DTYPE_BYTES, IMPLS, KERNELS, RECOMPUTE
+from coursekit.memory.activations import ATTENTION, CP_IMPLS, DTYPE_BYTES, IMPLS, KERNELS, POSITION_IDS, RECOMPUTE
 from coursekit.memory.errors import ConfigError, choice, positive_int
 from coursekit.memory.gpus import GiB
 from coursekit.memory import engines
@@ -64,6 +64,12 @@ class TrainConfig:
     """Pipeline-parallel degree."""
     cp: int = 1
     """Context-parallel degree (splits the sequence)."""
+    cp_impl: str = "ring"
+    """Context-parallel attention (the trainer's --cp-impl): ring, or ulysses (saves the attention output twice and,
+    with fewer K/V heads than cp, one replicated K/V head over the whole sequence)."""
+    position_ids: str = "shared"
+    """shared: RoPE tables (1, s), HF's default without position ids; per-sequence: (b, s) position ids passed in,
+    as coursekit's trainer does (RoPE tables b times larger)."""
     microbatches: int | None = None
     """Micro-batches per optimizer step, the trainer's --grad-accum (under pp: the schedule's); None: pp."""
     pp_schedule: str = "1f1b"
@@ -113,6 +119,8 @@ class TrainConfig:
         choice("recompute", self.recompute, RECOMPUTE)
         choice("engine", self.engine, engines.REGISTRY)
         choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        choice("cp_impl", self.cp_impl, CP_IMPLS)
+        choice("position_ids", self.position_ids, POSITION_IDS)
         choice("offload", self.offload, OFFLOAD)
         choice("offload_params", self.offload_params, OFFLOAD)
         if self.dropout is not None and (not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1):
