@@ -6,8 +6,11 @@
 Layouts (``coursekit train``, tiny Llama with 4 layers, seq 64, global batch 16, fp32, 4 steps): step time (mean of
 steps 2..4, slowest rank) and parameter bytes per rank (``coursekit.measure``, from each rank's final record).
 Not yet here: activation and communication bytes per rank for these layouts (issue #13's benchmark list).
-Bubbles (``coursekit.pp.probe``): the first stage's idle share of the step, from the timed chunks of every stage,
-and (p−1)/(v·m+p−1). On a shared 2-core machine the measured value carries scheduling noise: compare trends.
+Bubbles (``coursekit.pp.probe``, a wider model: hidden 256, seq 128, micro-batch 2): the first stage's idle share
+of the step (1 − compute / span, the median of steps 2..4), the theory (p−1)/(v·m+p−1), the replay of the same
+chunk times with free communication (``coursekit.pp.bubble.replay``: what uneven chunks alone give), and the shares
+of the span spent in send/recv waits (p2p) and in the schedule's Python between chunks (other). On a shared 2-core
+machine the measured value carries scheduling noise.
 """
 from __future__ import annotations
 
@@ -48,21 +51,41 @@ def layouts(model: str, timeout: float) -> list[dict]:
     return rows
 
 
+def wide_model_file(d: str) -> str:
+    """The bubble's model: chunks of tens of milliseconds (hidden 256, 4 heads, FFN 688, 4 layers), so that the
+    send/recv and the schedule's Python between chunks are small beside them."""
+    from coursekit.memory import preset, to_hf_config_dict
+
+    cfg = to_hf_config_dict(preset("tiny-llama")) | {"hidden_size": 256, "intermediate_size": 688,
+                                                      "num_attention_heads": 4, "num_key_value_heads": 4,
+                                                      "num_hidden_layers": 4}
+    p = Path(d) / "llama-wide.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
 def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
+    """Per schedule and m: the median over steps 2.. of the first stage's bubble (1 − compute / span), its split into
+    send/recv wait and other (schedule overhead), the replay with free communication, and the theory."""
+    import statistics
+
     from coursekit.launch import launch
-    from coursekit.pp.bubble import measured, theory
+    from coursekit.pp.bubble import breakdown, replay, theory
 
     rows = []
     for kind in schedules:
-        for m in ms:
-            if kind != "gpipe" and m < 2:  # torch's 1F1B and interleaved schedules need m >= pp (refused)
-                continue
-            res = launch("coursekit.pp.probe", ["--model", model, "--pp", "2", "--grad-accum", str(m),
-                                                "--pp-schedule", kind, "--steps", "3", "--seq", "32",
-                                                "--global-batch", str(2 * m)], nproc=2, timeout=timeout, stream=False)
-            r = res.results
-            rows.append({"schedule": kind, "m": m, "measured": measured([x["timeline"] for x in r])[0],
-                         "theory": theory(2, m, r[0]["v"]), "peak_saved_bytes": [x["peak_saved"] for x in r]})
+        sweep = ",".join(f"{kind}:{m}" for m in ms if kind == "gpipe" or m >= 2)  # 1F1B family: m >= pp
+        res = launch("coursekit.pp.probe", ["--sweep", sweep, "--model", model, "--pp", "2", "--micro-batch", "2",
+                                            "--steps", "4", "--seq", "128"], nproc=2, timeout=timeout, stream=False)
+        for i, run in enumerate(res.results[0]["runs"]):
+            steps = [[r["runs"][i]["steps"][k] for r in res.results] for k in range(1, len(run["steps"]))]
+            b = [breakdown([x["timeline"] for x in st], [x["events"] for x in st])[0] for st in steps]
+            med = lambda key: statistics.median(x[key] / (1 if key == "bubble" else x["span"]) for x in b)  # noqa
+            rows.append({"schedule": kind, "m": run["m"], "measured": med("bubble"), "p2p_wait": med("p2p_wait"),
+                         "other": med("other"), "theory": theory(2, run["m"], run["v"]),
+                         "replay": statistics.median(replay([x["timeline"] for x in st],
+                                                            [x["events"] for x in st])[0] for st in steps),
+                         "peak_saved_bytes": [r["runs"][i]["steps"][-1]["peak_saved"] for r in res.results]})
     return rows
 
 
@@ -75,13 +98,15 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         model = model_file(d)
         out = {"layouts": [] if a.quick else layouts(model, a.timeout)}
-        scheds = ["gpipe", "1f1b"] if a.quick else ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"]
-        out["bubbles"] = bubbles(model, scheds, [1, 4] if a.quick else [1, 2, 4, 8], a.timeout)
+        scheds = ["gpipe", "1f1b"] if a.quick else ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zbv"]
+        out["bubbles"] = bubbles(wide_model_file(d), scheds, [1, 4] if a.quick else [1, 2, 4, 8], a.timeout)
     for r in out["layouts"]:
         print(f"{r['layout']:<16} step {r['step_ms']:8.1f} ms   params/rank {r['param_bytes_per_rank']} B")
-    print(f"{'schedule':<18} {'m':>2} {'bubble':>7} {'theory':>7}  peak saved per stage (B)")
+    print(f"{'schedule':<18} {'m':>2} {'bubble':>7} {'theory':>7} {'replay':>7} {'p2p':>6} {'other':>6}"
+          "  peak saved per stage (B)")
     for r in out["bubbles"]:
-        print(f"{r['schedule']:<18} {r['m']:>2} {r['measured']:7.3f} {r['theory']:7.3f}  {r['peak_saved_bytes']}")
+        print(f"{r['schedule']:<18} {r['m']:>2} {r['measured']:7.3f} {r['theory']:7.3f} {r['replay']:7.3f} "
+              f"{r['p2p_wait']:6.3f} {r['other']:6.3f}  {r['peak_saved_bytes']}")
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
     return 0

@@ -36,7 +36,11 @@ class DDP(Strategy):
         from torch.distributed.tensor import DTensor
 
         mesh = self.ctx.mesh["loss"]
-        if self.pipeline is not None or any(isinstance(p, DTensor) for p in model.parameters()):
+        tensor_parallel = any(isinstance(p, DTensor) for p in model.parameters())
+        if self.pipeline is not None and mesh.size() == 1 and not tensor_parallel:
+            self.composable = False  # one replica: nothing to average; zero-bubble schedules need bare stages
+            return model
+        if self.pipeline is not None or tensor_parallel:
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
             self.composable = True

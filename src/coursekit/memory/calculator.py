@@ -78,6 +78,7 @@ class Estimate:
     gpu_memory_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     dp_rank: int = 0  # the data-parallel rank reported (DeepSpeed ZeRO-1/2: the fullest unless config.dp_rank)
+    pp_stages: list = field(default_factory=list)  # every stage: layers, in-flight micro-batches, saved bytes
     detail: dict = field(default_factory=dict)  # the engine's own breakdown (FSDP2: units, QLoRA by kind)
 
     @property
@@ -111,7 +112,7 @@ class Estimate:
                  activation_terms={"per_layer": dict(self.activations.per_layer), "layers": self.activations.layers,
                                    "embed": dict(self.activations.embed), "shared": dict(self.activations.shared),
                                    "head": dict(self.activations.head)},
-                 notes=list(self.notes))
+                 notes=list(self.notes), pp_stages=[dict(x) for x in self.pp_stages])
         if self.detail:
             d["detail"] = self.detail
         return d
@@ -165,7 +166,7 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     best = None
     for stage in megatron.stages(shape, c):
         st, dp_rank = engine.states(shape, c, stage)
-        saved = megatron.saved_bytes(acts, stage)
+        saved = megatron.saved_bytes(acts, stage, c)
         logits = megatron.logits_bytes(shape, c, stage)
         units = engine.units(c, P, stage)
         comm_bwd, comm_step = engine.buckets(c, P, stage.params, units["largest"])
@@ -200,4 +201,4 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
         notes.append("hf-cuda activation profile is modelled from CUDA kernel signatures (measured profile: hf-cpu)")
     return Estimate(shape.name, shape.num_params(), stage.params, c, st.convention, acts, cats, phases, stage.index,
                     st.cpu, st.nvme, g.name if g else None, g.memory_bytes if g else None, notes, dp_rank,
-                    detail=engine.detail(shape, c))
+                    megatron.per_stage(shape, c, acts), detail=engine.detail(shape, c))

@@ -3,11 +3,16 @@
     theory(p=2, m=4)        -> 1/5      GPipe and 1F1B: (p−1)/(m+p−1)
     theory(p=2, m=4, v=2)   -> 1/9      interleaved, v stages per rank: (p−1)/(v·m+p−1)
     measured(timelines)     -> idle share of each rank over the step (Σ busy chunk time / the step's span)
+    breakdown(timelines, events) -> per rank: compute, send/recv wait, schedule overhead (seconds) and the bubble
+    replay(timelines, events, clock="cpu") -> the bubble with the measured chunk costs and free communication
 
 ``timelines`` are ``coursekit.pp.stage.Pipeline.timeline`` of every pp rank: ``(stage, kind, micro-batch, start,
-end)`` with kind F (forward), B (backward, input grads; or both), W (weight grads, zero-bubble schedules). The span
-runs from the first chunk start on any rank to the last chunk end on any rank (one perf_counter clock per machine),
-so a rank's bubble is everything it does not spend computing: waiting for a neighbour, and the send/recv itself.
+end, cpu)`` with kind F (forward), B (backward, input grads; or both), W (weight grads, zero-bubble schedules);
+``events`` are ``Pipeline.events``: the last stage's loss (L) and every send/recv wait (P). The span runs from the
+first chunk start on any rank to the last chunk end on any rank (one perf_counter clock per machine), so a rank's
+bubble is everything it does not spend computing: waiting for a neighbour, the send/recv itself, and the schedule's
+Python between chunks. On a machine other jobs share, wall-clock chunks stretch when the core is taken away
+(``stretch``); their CPU seconds do not, and ``replay(..., clock="cpu")`` gives the bubble those costs imply.
 
 ``PeakSaved`` counts the saved-for-backward bytes alive at once during a schedule step (storages deduplicated, as
 ``coursekit.measure`` does): GPipe holds all m micro-batches at its peak, 1F1B at most p − stage on each stage.
@@ -21,11 +26,69 @@ def theory(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
-def measured(timelines: list[list]) -> list[float]:
-    """Bubble share per rank: 1 − busy / span (span over all ranks' chunks)."""
-    t0 = min(c[3] for tl in timelines for c in tl)
-    t1 = max(c[4] for tl in timelines for c in tl)
-    return [1 - sum(c[4] - c[3] for c in tl) / (t1 - t0) for tl in timelines]
+COMPUTE = ("F", "B", "W", "L")  # chunk kinds that are work; "P" is a send/recv wait
+
+
+def measured(timelines: list[list], events: list[list] | None = None) -> list[float]:
+    """Bubble share per rank: 1 − busy / span (span over all ranks' chunks). With ``events`` (``Pipeline.events``
+    of every rank) the last stage's loss counts as busy too."""
+    return [b["bubble"] for b in breakdown(timelines, events)]
+
+
+def breakdown(timelines: list[list], events: list[list] | None = None) -> list[dict]:
+    """Per rank, over the step's span: ``compute`` (F, B, W chunks and the loss), ``p2p_wait`` (blocked in a
+    send/recv wait: mostly waiting for the neighbour, which is the bubble itself, plus the transfer), ``other``
+    (the schedule's Python between chunks) in seconds, and ``bubble`` = 1 − compute / span."""
+    events = events or [[] for _ in timelines]
+    work = [list(tl) + [e for e in ev if e[1] in COMPUTE] for tl, ev in zip(timelines, events)]
+    t0 = min(c[3] for w in work for c in w)
+    t1 = max(c[4] for w in work for c in w)
+    out = []
+    for w, ev in zip(work, events):
+        compute = sum(c[4] - c[3] for c in w)
+        wait = sum(max(0.0, min(e[4], t1) - max(e[3], t0)) for e in ev if e[1] == "P")
+        cpu = sum(c[5] for c in w if len(c) > 5)
+        out.append({"span": t1 - t0, "compute": compute, "p2p_wait": wait, "other": t1 - t0 - compute - wait,
+                    "bubble": 1 - compute / (t1 - t0),
+                    # wall / CPU time of the chunks: 1 on an idle machine; above 1, other jobs took the core
+                    "stretch": compute / cpu if cpu else None})
+    return out
+
+
+def replay(timelines: list[list], events: list[list] | None = None, clock: str = "wall") -> list[float]:
+    """The bubble each rank would have with the *measured* chunk times (``clock`` "wall": start to end; "cpu": the
+    chunk's CPU seconds, which a busy machine does not stretch) and free, instant communication: every
+    rank runs its chunks in the order it ran them, each as soon as the rank is free and its inputs exist (F of stage
+    s after F of s−1; B of s after B of s+1, or after its own F and loss on the last stage; W after its B). What
+    separates ``theory`` from this is uneven chunk times (a heavier last stage, backward ≠ 2 × forward per stage);
+    what separates this from ``measured`` is the send/recv and the schedule's overhead."""
+    events = events or [[] for _ in timelines]
+    dur = (lambda c: c[5]) if clock == "cpu" else (lambda c: c[4] - c[3])  # noqa: E731
+    loss = {(e[0], e[2]): dur(e) for ev in events for e in ev if e[1] == "L"}
+    last = max(c[0] for tl in timelines for c in tl)
+    todo = [sorted(tl, key=lambda c: c[3]) for tl in timelines]
+    done: dict = {}  # (stage, kind, mb) -> simulated end
+    free, busy, pos = [0.0] * len(todo), [0.0] * len(todo), [0] * len(todo)
+    while any(p < len(t) for p, t in zip(pos, todo)):
+        moved = False
+        for r, tl in enumerate(todo):
+            while pos[r] < len(tl):
+                st, kind, mb = tl[pos[r]][:3]
+                dep = {"F": [(st - 1, "F", mb)] if st else [],
+                       "B": [(st + 1, "B", mb)] if st < last else [(st, "F", mb)],
+                       "W": [(st, "B", mb)]}[kind]
+                if any(d not in done for d in dep):
+                    break
+                d = dur(tl[pos[r]]) + (loss.get((st, mb), 0.0) if kind == "F" else 0.0)
+                start = max([free[r]] + [done[x] for x in dep])
+                done[(st, kind, mb)] = free[r] = start + d
+                busy[r] += d
+                pos[r] += 1
+                moved = True
+        if not moved:
+            raise ValueError("the timelines' chunk order is not a schedule (a dependency never ran)")
+    span = max(free)
+    return [1 - b / span for b in busy]
 
 
 class PeakSaved:
@@ -40,10 +103,12 @@ class PeakSaved:
 
     def pack(self, t):
         key = t.untyped_storage()._cdata
-        if key not in self.excluded and key not in self.live:
+        if key in self.excluded:
+            return t
+        for k in [k for k, (r, _) in self.live.items() if r() is None]:  # freed first: an address can be reused
+            del self.live[k]
+        if key not in self.live:
             self.live[key] = (weakref.ref(t), t.untyped_storage().nbytes())
-            for k in [k for k, (r, _) in self.live.items() if r() is None]:
-                del self.live[k]
             self.peak = max(self.peak, sum(n for _, n in self.live.values()))
         return t
 

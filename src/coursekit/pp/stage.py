@@ -11,8 +11,8 @@ Blocks of other stages are replaced by a pass-through placeholder, so parameter 
 The schedule owns the micro-batch loop (``train_step``): GPipe runs every forward, then every backward, so it holds
 the activations of all m micro-batches; 1F1B starts backwards as soon as it can and holds at most p. The bubble is
 (p−1)/(m+p−1) of the step for both, (p−1)/(v·m+p−1) interleaved. Only the last stage computes a loss.
-Every chunk a stage runs is timed (``timeline``): forward, backward (input) and backward (weight) with start and end,
-so the bubble is measured, not assumed (``coursekit.pp.bubble``).
+Every chunk a stage runs is timed (``timeline``): forward, backward (input) and backward (weight) with start and end;
+the loss and every send/recv wait too (``events``), so the bubble is measured, not assumed (``coursekit.pp.bubble``).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from coursekit.pp import SCHEDULES, PipelineOptions, stages_of
 
 # zero-bubble schedules: backward split into B (input grads) and W (weight grads), see ``check``
 SPLIT_BACKWARD = ("interleaved-zb", "zbv", "dualpipev")
+_WAITS: list = []  # send/recv waits of this process's current step (see Pipeline._time_loss_and_waits)
 
 
 class _Skip(nn.Module):
@@ -107,11 +108,15 @@ class Pipeline:
                              "across the first and last stage, which this pipeline does not do")
         kind = opts.of(PipelineOptions).pp_schedule
         _, v, _ = SCHEDULES[kind]
-        if kind in SPLIT_BACKWARD:
+        wrapped = opts.parallel.strategy != "ddp" or dims.size("loss") > 1 or dims.tp > 1
+        if kind in SPLIT_BACKWARD and wrapped:
             raise ValueError(f"--pp-schedule {kind} splits each backward into input and weight gradients, and its "
-                             "weight step does not find the parameters behind the trainer's data-parallel wrap "
-                             "(composable replicate); it runs on gloo with bare, unwrapped stages, not in the trainer "
-                             "yet: use interleaved-1f1b or looped-bfs")
+                             "weight step does not find the parameters behind a data-parallel wrap: torch 2.13's "
+                             "stage_backward_weight (pipelining/_backward.py) keys each weight by the AccumulateGrad "
+                             "node of stage.submod.parameters(), but under composable replicate / fully_shard the "
+                             "forward ran on the unsharded parameters FSDP's machinery swaps in, whose AccumulateGrad "
+                             "nodes are other ones (KeyError). It runs with bare stages: --strategy ddp with one "
+                             "data-parallel replica and no TP or CP (dp = 1, the stages are then not wrapped)")
         if v > 1 and dims.size("loss") > 1:
             raise ValueError(f"--pp-schedule {kind} keeps {v} stages per rank; combining it with data or context "
                              "parallelism is not supported here (use gpipe or 1f1b)")
@@ -132,7 +137,7 @@ class Pipeline:
         self.stage_ids = stages_of(self.rank, self.pp, self.kind)
         self.num_stages = self.pp * len(self.stage_ids)
         self.stage_index = self.stage_ids[0]
-        self.schedule, self.timeline = None, []
+        self.schedule, self.timeline, self.events = None, [], []
 
     def apply(self, model, strategy):
         n, L = self.num_stages, len(model.model.layers)
@@ -159,19 +164,47 @@ class Pipeline:
         arg = self.stages[0] if len(self.stages) == 1 else self.stages
         # scale_grads: gradients are divided by the number of micro-batches, as the plain loop's loss / n does
         self.schedule = cls(arg, n_microbatches=self.n_micro, loss_fn=cross_entropy, scale_grads=True)
+        self._time_loss_and_waits()
+
+    def _time_loss_and_waits(self) -> None:
+        """Also record the last stage's loss (kind L: compute the schedule runs outside the stage's chunks) and
+        every wait on a send/recv (kind P, stage -1): what a stage does between chunks is then split into waiting
+        for a neighbour and the schedule's own overhead (``coursekit.pp.bubble.breakdown``)."""
+        from torch.distributed.pipelining import schedules
+
+        loss = self.schedule._maybe_compute_loss
+
+        def timed_loss(stage, output, target_mbs, mb, *a, **k):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            loss(stage, output, target_mbs, mb, *a, **k)
+            if stage.is_last:
+                self.events.append((stage.stage_index, "L", mb, t0, time.perf_counter(), time.thread_time() - c0))
+        self.schedule._maybe_compute_loss = timed_loss
+        wait = getattr(schedules._wait_batch_p2p, "untimed", schedules._wait_batch_p2p)
+
+        def timed_wait(work):  # module-level in torch: one pipeline per process, the latest one records
+            t0 = time.perf_counter()
+            try:
+                return wait(work)
+            finally:
+                _WAITS.append((-1, "P", -1, t0, time.perf_counter()))
+        timed_wait.untimed = wait
+        schedules._wait_batch_p2p = timed_wait
 
     def _time(self, stage) -> None:
-        """Record (stage, kind, micro-batch, start, end) for every chunk this stage runs (perf_counter: one clock
-        for all processes of a machine)."""
+        """Record (stage, kind, micro-batch, start, end, cpu) for every chunk this stage runs: start and end on
+        perf_counter (one clock for all processes of a machine), cpu = this thread's CPU seconds in the chunk (on CPU
+        autograd runs the backward in the calling thread), which other jobs on a shared machine do not stretch."""
         for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"), ("W", "backward_weight_one_chunk")):
             fn = getattr(stage, name)
 
             def timed(mb, *a, _fn=fn, _kind=kind, **k):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 try:
                     return _fn(mb, *a, **k)
                 finally:
-                    self.timeline.append((stage.stage_index, _kind, mb, t0, time.perf_counter()))
+                    self.timeline.append((stage.stage_index, _kind, mb, t0, time.perf_counter(),
+                                          time.thread_time() - c0))
             setattr(stage, name, timed)
 
     def train_step(self, strategy, micro_batches: list) -> torch.Tensor | None:
@@ -182,10 +215,12 @@ class Pipeline:
         pos = torch.cat([b.position_ids for b in micro_batches])  # kwargs reach every stage, split like x
         first, last = 0 in self.stage_ids, self.num_stages - 1 in self.stage_ids
         losses: list = []
-        self.timeline = []
+        self.timeline, self.events = [], []
+        _WAITS.clear()
         with strategy.autocast():
             self.schedule.step(*([x] if first else []), position_ids=pos,
                                **({"target": y, "losses": losses} if last else {}))
+        self.events += _WAITS
         loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else None
         if SCHEDULES[self.kind][2] == "v" and self.pp > 1:  # the last stage sits on pp rank 0: hand its loss on
             t = loss if loss is not None else torch.zeros((), device=self.ctx.device)

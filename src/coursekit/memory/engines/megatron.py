@@ -48,20 +48,32 @@ class Stage:
         return max(self.per_layer if self.layers else 0, self.embed_params, self.head_params)
 
 
-def stages(shape, c) -> list[Stage]:
-    """The stages to estimate: stage 0, and the last one when ``pp > 1``."""
+def stage(shape, c, i: int) -> Stage:
+    """Pipeline stage ``i`` as one TP rank holds it."""
     per_layer, first, last, tied = shape.local_params(c.tp)
     t_layer, t_first, t_last = shape.local_tensors()
     tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
     base, extra = divmod(shape.layers, c.pp)
+    layers = base + (1 if i < extra else 0)
+    is_first, is_last = i == 0, i == c.pp - 1
+    tensors = layers * t_layer + (t_first if is_first else 0) + (t_last + bool(tied_copy) if is_last else 0)
+    in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
+    return Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
+                 (last + tied_copy) if is_last else 0, tensors, in_flight)
+
+
+def stages(shape, c) -> list[Stage]:
+    """The stages to estimate: stage 0, and the last one when ``pp > 1``."""
+    return [stage(shape, c, i) for i in ([0] if c.pp == 1 else [0, c.pp - 1])]
+
+
+def per_stage(shape, c, acts: ActivationReport) -> list[dict]:
+    """Every stage's layers, in-flight micro-batches and saved activation bytes at its peak."""
     out = []
-    for i in [0] if c.pp == 1 else [0, c.pp - 1]:
-        layers = base + (1 if i < extra else 0)
-        is_first, is_last = i == 0, i == c.pp - 1
-        tensors = layers * t_layer + (t_first if is_first else 0) + (t_last + bool(tied_copy) if is_last else 0)
-        in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
-        out.append(Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
-                         (last + tied_copy) if is_last else 0, tensors, in_flight))
+    for i in range(c.pp):
+        st = stage(shape, c, i)
+        out.append({"stage": i, "layers": st.layers, "in_flight": st.in_flight,
+                    "saved_activations_bytes": saved_bytes(acts, st, c)})
     return out
 
 
@@ -69,7 +81,7 @@ def activations(shape, c) -> tuple[ActivationReport, int]:
     """Saved activations of one micro-batch on this TP/CP rank, and the recompute working set: one layer's
     activations under full recompute, one attention core under selective (backward re-runs one at a time)."""
     kw = dict(dtype=c.dtype, attention=c.attention, impl=c.impl, kernels=c.kernels, dropout=c.dropout, tp=c.tp,
-              sp=c.sp, cp=c.cp)
+              sp=c.sp, cp=c.cp, cp_impl=c.cp_impl, position_ids=c.position_ids)
     acts = activation_bytes(shape, c.batch, c.seq, recompute=c.recompute, **kw)
     working = 0
     if c.recompute != "none":
@@ -78,9 +90,31 @@ def activations(shape, c) -> tuple[ActivationReport, int]:
     return acts, working
 
 
-def saved_bytes(acts: ActivationReport, stage: Stage) -> int:
-    """Activations held on ``stage``: its in-flight micro-batches."""
-    return stage.in_flight * acts.stage_bytes(stage.layers, stage.first, stage.last)
+def saved_bytes(acts: ActivationReport, stage: Stage, c=None) -> int:
+    """Saved activations on ``stage`` at its peak: its in-flight micro-batches' saved tensors and, under pipelining
+    (``c`` given), what the other micro-batches of the step pin meanwhile (``pinned_bytes``)."""
+    held = stage.in_flight * acts.stage_bytes(stage.layers, stage.first, stage.last)
+    if c is None or c.pp == 1 or stage.in_flight >= c.microbatches:
+        return held
+    return held + (c.microbatches - stage.in_flight) * pinned_bytes(acts, stage, c)
+
+
+def pinned_bytes(acts: ActivationReport, stage: Stage, c) -> int:
+    """Saved storages of one micro-batch that ``torch.distributed.pipelining`` keeps alive for the whole step,
+    after that micro-batch's backward (measured, tests/test_pp.py): the schedule cuts the step's input ids and labels
+    into micro-batch *views* of one tensor, so the embedding's saved ids (first stage) and the loss's saved labels
+    (last stage) pin all m; a later stage receives each micro-batch into its own buffer, allocated once and kept, and
+    where the first block saves its input as it is (an fp32 RMSNorm input, a LayerNorm input, a checkpoint's input)
+    that buffer is a saved storage of every micro-batch."""
+    n = acts.embed.get("input_ids(int64)", 0) if stage.first else 0
+    n += acts.head.get("loss.labels(int64)", 0) if stage.last else 0
+    if not stage.first and stage.layers:
+        t = acts.per_layer
+        as_is = [k for k in ("layer_input(checkpoint)", "attn_norm.input") if k in t]
+        if not as_is and c.dtype == "fp32" and "attn_norm.input_fp32" in t:  # x.to(float32) is x itself
+            as_is = ["attn_norm.input_fp32"]
+        n += t[as_is[0]] if as_is else 0
+    return n
 
 
 def logits_bytes(shape, c, stage: Stage) -> int:
