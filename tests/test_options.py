@@ -24,7 +24,7 @@ FROZEN = {
     "pp (only with pp)": ["--pp-schedule"],
     "tp (only with tp)": ["--sp"],
     "fsdp2, hsdp, fsdp1 (only with fsdp2, hsdp, fsdp1)": ["--reshard-after-forward", "--wrap", "--offload",
-                                                          "--prefetch"],
+                                                          "--prefetch", "--compile-model"],
     "cp (only with cp)": ["--cp-impl"],
 }
 

@@ -22,3 +22,6 @@ class FSDPOptions:
     prefetch: int = 0
     """Explicit prefetch: gather the next N units during this one's forward and the previous N in backward (0:
     FSDP2's implicit prefetch of one unit)."""
+    compile_model: bool = False
+    """torch.compile the whole model after fully_shard (one compiled call per step, graph breaks at FSDP2's hooks),
+    instead of --compile's per-block compile before it."""

@@ -54,6 +54,8 @@ class FSDP1(Strategy):
         if not isinstance(reshard_value(fo.reshard_after_forward), bool):
             raise ValueError("--strategy fsdp1 takes --reshard-after-forward true (FULL_SHARD) or false "
                              "(SHARD_GRAD_OP); resharding to N ranks is FSDP2's")
+        if fo.compile_model:
+            raise ValueError("--strategy fsdp1 does not compile (FlatParameter hooks); --compile-model is fsdp2's")
         if fo.wrap == "pair":
             raise ValueError("--strategy fsdp1 wraps with transformer_auto_wrap_policy (--wrap block) or not at all "
                              "(--wrap root); pairs of blocks are FSDP2's")

@@ -9,6 +9,9 @@ all-gather before its forward (and again before its backward when it resharded) 
 gradients after its backward. HSDP adds an all-reduce of the reduce-scattered shards across replicas. Order: the
 blocks first, then the root (which takes whatever is left: embeddings, final norm, head).
 
+``--compile`` compiles each block before it is wrapped; ``--compile-model`` compiles the whole wrapped model (dynamo
+breaks the graph at FSDP2's hooks, which it is told not to trace: 5 graphs for tiny-llama, equal to eager).
+
 ``--dtype bf16`` is FSDP2's MixedPrecisionPolicy (bf16 compute copies, fp32 gradient reduction, fp32 sharded
 master weights), not autocast. FSDP1 (``FullyShardedDataParallel``) maps onto these arguments as: ShardingStrategy.
 FULL_SHARD → reshard_after_forward=True, SHARD_GRAD_OP → False, HYBRID_SHARD → a 2-D mesh (``hsdp``),
@@ -49,6 +52,9 @@ class FSDP2(Strategy):
             raise ValueError(f"--reshard-after-forward {r} must divide the {shard} sharding ranks and be > 1")
         if opts.of(FSDPOptions).prefetch < 0:
             raise ValueError("--prefetch must be >= 0")
+        if opts.of(FSDPOptions).compile_model and opts.train.compile:
+            raise ValueError("--compile compiles each block before fully_shard, --compile-model the whole model "
+                             "after it: give one")
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -83,6 +89,8 @@ class FSDP2(Strategy):
             for i, u in enumerate(self.units):
                 u.set_modules_to_forward_prefetch(self.units[i + 1:i + 1 + n])
                 u.set_modules_to_backward_prefetch(self.units[max(0, i - n):i][::-1])
+        if self.fo.compile_model:  # in place: the state dict keeps its names (no ``_orig_mod.`` prefix) for DCP
+            model.compile()
         return model
 
     def train_step(self, micro_batches: list, measure: bool = False):
