@@ -41,3 +41,32 @@ def test_kill_needs_restarts_and_a_checkpoint_folder():
         plan(["--strategy", "ddp", "--nproc", "2", "--kill-at-step", "2"])
     with pytest.raises(ValueError, match="--slow-rank 5 is not a rank of 2"):
         plan(["--strategy", "ddp", "--nproc", "2", "--slow-rank", "5", "--slow-ms", "10"])
+
+
+def test_attempts_count_requeues_and_processes_started_after_a_kill(tmp_path, monkeypatch):
+    """restart_count() (the trainer's "which attempt is this"): torchrun's restarts plus Slurm's requeues, and at
+    least 1 in a process started after an injected kill — on several nodes torchrun counts restarts per agent, and
+    the agents whose workers did not fail restart theirs at TORCHELASTIC_RESTART_COUNT=0 (seen under Slurm)."""
+    import importlib
+    import time
+    from types import SimpleNamespace
+
+    import coursekit.train.faults as F
+
+    none = SimpleNamespace(kill_at_step=None, kill_rank=1, kill_in_save=None)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    try:
+        F = importlib.reload(F)  # a fresh process: nothing noted yet
+        (tmp_path / F.KILL_FILE).write_text(json.dumps({"step": 3, "rank": 1, "time": time.time() - 5}))
+        assert F.restart_count() == 0
+        F.maybe_kill(0, none, 0, str(tmp_path))  # the loop's first call notes the earlier attempt's kill
+        assert F.restart_count() == 1
+        F = importlib.reload(F)
+        (tmp_path / F.KILL_FILE).write_text(json.dumps({"step": 3, "rank": 1, "time": time.time() + 5}))
+        assert F.kill_in_save(none, 0, str(tmp_path)) is None and F.restart_count() == 0  # killed after our start
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # a job Slurm requeued twice, its torchrun at 0
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+        assert F.restart_count() == 2
+    finally:
+        importlib.reload(F)

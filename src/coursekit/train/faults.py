@@ -3,7 +3,8 @@
 - ``--crash-at-step N``: a Python exception at step N (the run fails; a rerun resumes from the checkpoint).
 - ``--kill-at-step N --kill-rank R``: rank R SIGKILLs itself at step N in the first attempt only — no exception,
   no clean-up, as when a node dies; torchrun (``--max-restarts``) restarts every worker, which resume from the last
-  complete checkpoint. The moment of the kill is written first, so the restarted run can report its recovery time.
+  complete checkpoint (under ``slurm/requeue.sbatch`` without in-job restarts, Slurm requeues the job instead). The
+  moment of the kill is written first, so the restarted run can report its recovery time.
 - ``--kill-in-save N`` (with ``--kill-rank R``): rank R SIGKILLs itself while it writes the checkpoint of step N
   (after the shards, before its RNG file and the ``latest`` marker), first attempt only: the restart must load the
   previous complete checkpoint, never this one.
@@ -21,9 +22,24 @@ from pathlib import Path
 KILL_FILE = "killed.json"
 
 
+_T0 = time.time()  # about when this process started (the trainer imports this module first thing)
+_after_kill: bool | None = None  # whether an earlier attempt of this run was killed before this process started
+
+
 def restart_count() -> int:
-    """Which attempt this is under torchrun's elastic agent (0: the first)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    """Which attempt this is (0: the first): torchrun's elastic restarts plus Slurm's requeues of the job
+    (``SLURM_RESTART_COUNT``; a requeued job starts a fresh torchrun, whose own count is 0 again), and at least 1
+    in a process started after an injected kill: torchrun counts restarts per agent, so on several nodes the agents
+    whose workers did not fail restart theirs with TORCHELASTIC_RESTART_COUNT still 0."""
+    n = sum(int(os.environ.get(k, "0") or 0) for k in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    return max(n, int(bool(_after_kill)))
+
+
+def _note_kill(ckpt_dir: str | None) -> None:
+    global _after_kill
+    if _after_kill is None:
+        kill = killed_at(ckpt_dir)
+        _after_kill = bool(kill and kill["time"] < _T0)
 
 
 def maybe_crash(step: int, crash_at_step: int | None, resumed: bool) -> None:
@@ -33,6 +49,7 @@ def maybe_crash(step: int, crash_at_step: int | None, resumed: bool) -> None:
 
 
 def maybe_kill(step: int, faults, rank: int, ckpt_dir: str | None) -> None:
+    _note_kill(ckpt_dir)
     if faults.kill_at_step is None or step != faults.kill_at_step or rank != faults.kill_rank or restart_count():
         return
     if ckpt_dir:
@@ -42,6 +59,7 @@ def maybe_kill(step: int, faults, rank: int, ckpt_dir: str | None) -> None:
 
 def kill_in_save(faults, rank: int, ckpt_dir: str | None):
     """The hook ``Checkpointer.save`` calls between the shards and the marker, or None when no kill is planned."""
+    _note_kill(ckpt_dir)
     n = getattr(faults, "kill_in_save", None)
     if n is None or rank != faults.kill_rank or restart_count():
         return None
