@@ -56,6 +56,18 @@ class Hardware:
     optimizer_ops_per_tensor: int = 0
     """Optimizer kernels per parameter tensor beyond the memory-bound term (0: fused / multi-tensor kernels on GPUs;
     torch's single-tensor AdamW loop on a CPU runs about 10 per tensor)."""
+    zero3_hook_s: float = 100e-6
+    """DeepSpeed ZeRO-3's host work per parameter tensor per micro-batch: the Python hooks that fetch each module's
+    parameters before its forward and its backward, release them after, and partition its gradient. Charged beyond
+    what ``overlap`` of the device compute hides (on a CPU, all of it). Measured on a CPU host by
+    ``coursekit.plan.calibrate.zero3_hook_cost``; the GPU default (100 us) is an assumption of the same order as that
+    Python measured on one core of the course's CPU machine, not a published figure."""
+    dtensor_op_s: float = 30e-6
+    """Host cost of an op on a DTensor beyond the plain op, in a TP layer's forward and backward (sharding
+    propagation, unwrap / rewrap); ``dtensor_opt_op_s`` the same in an optimizer step. Hidden behind ``overlap`` x
+    the device compute. Measured on a CPU host by ``coursekit.plan.calibrate.dtensor_op_cost``; the GPU defaults
+    are assumptions (a server core running the same Python), not published figures."""
+    dtensor_opt_op_s: float = 10e-6
     loss_sync: bool = False
     """The trainer all-reduces the loss every step (coursekit's trainer does; a latency-bound call)."""
     collectives: dict = field(default_factory=dict)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
+from functools import lru_cache
 
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network, collectives_from_rows
 
@@ -64,6 +66,12 @@ def op_overhead(reps: int = 3) -> float:
     tokens (its arithmetic is negligible), divided by the aten ops a TorchDispatchMode counts in it. This dispatch,
     autograd and Python overhead, not the arithmetic, is what a tiny model's step is made of on a CPU; the planner
     charges it per counted op (steptime.OPS_PER_LAYER) as the kernel floor."""
+    step, n = _op_overhead_model()
+    return _sustained(step, reps) / n
+
+
+@lru_cache(maxsize=1)
+def _op_overhead_model():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -87,19 +95,19 @@ def op_overhead(reps: int = 3) -> float:
     step()  # first call builds caches
     with _Count():
         step()
-    return _sustained(step, reps) / _Count.n
+    return step, _Count.n
 
 
 def measure_compute(big: int = 512, small: int = 64) -> dict:
     """Compute figures of this process on the trainer's thread count: matmul rates at ``big`` and ``small``,
-    memory bandwidth, per-op overhead."""
+    memory bandwidth, per-op overhead (with ``time_s``, when they were taken)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     try:
         return {"big": big, "small": small, "r_big": matmul_rate(big), "r_small": matmul_rate(small),
-                "mem": memory_bandwidth(), "floor": op_overhead()}
+                "mem": memory_bandwidth(), "floor": op_overhead(), "time_s": time.time()}
     finally:
         torch.set_num_threads(threads)
 
@@ -115,9 +123,12 @@ def measure_collectives(nproc: int = 2, *, sizes: str = "16K..4M", iters: int = 
     return coll
 
 
-def host_hardware(compute: dict | list, coll: dict, nproc: int = 2) -> tuple[Hardware, Network]:
+def host_hardware(compute: dict | list, coll: dict, nproc: int = 2, *, zero3: dict | None = None,
+                  dtensor: dict | None = None) -> tuple[Hardware, Network]:
     """A Hardware and Network from measured figures; a list of ``measure_compute`` results is averaged (e.g. one
-    taken before and one after a run, when the machine is shared)."""
+    taken before and one after a run, when the machine is shared). ``zero3`` / ``dtensor``: results of
+    ``coursekit.plan.calibrate``, whose costs in plain ops are rescaled by this run's per-op overhead (host work
+    slows with the load as eager ops do); without them the Hardware defaults stay."""
     import psutil
 
     cs = compute if isinstance(compute, list) else [compute]
@@ -134,6 +145,9 @@ def host_hardware(compute: dict | list, coll: dict, nproc: int = 2) -> tuple[Har
                   hbm_bw=c["mem"] / HBM_FRACTION, link_bw=bw_ar, link_fraction=1.0, link_latency_s=alpha_ar,
                   hop_latency_s=0.0, gemm_fraction=1.0, gemm_half_dim=max(1, round(h)), attn_fraction=0.5,
                   kernel_floor_s=c["floor"], overlap=0.0, optimizer_ops_per_tensor=10, loss_sync=True,
+                  zero3_hook_s=zero3["per_tensor_ops"] * c["floor"] if zero3 else Hardware.zero3_hook_s,
+                  dtensor_op_s=dtensor["per_op_ops"] * c["floor"] if dtensor else Hardware.dtensor_op_s,
+                  dtensor_opt_op_s=dtensor["per_opt_op_ops"] * c["floor"] if dtensor else Hardware.dtensor_opt_op_s,
                   collectives=coll,
                   source=f"measured here: matmul {big}^3 {c['r_big'] / 1e9:.1f} GFLOP/s, {small}^3 "
                          f"{c['r_small'] / 1e9:.1f}; add {c['mem'] / 1e9:.1f} GB/s; {c['floor'] * 1e6:.1f} us/op; "
@@ -150,31 +164,115 @@ def measure_host(nproc: int = 2, **bench) -> tuple[Hardware, Network]:
 
 
 # -- the course's own runs as planner layouts ---------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class TrainerRun:
+    """One ``coursekit train`` run on this machine, and the planner Layout of the same run.
+
+    ``strategy`` is the trainer's (single, ddp, zero1-3, fsdp2, hsdp); tp / pp / cp are its degrees; ``dp_shard``
+    (hsdp only) the sharding group, the rest replicas; ``grad_accum`` the micro-batches per step (the pipeline's
+    micro-batches under pp); ``sp`` sequence parallelism with tp (the trainer's --sp; off by default, as there)."""
+    strategy: str
+    nproc: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    dp_shard: int | None = None
+    grad_accum: int = 1
+    sp: bool = False
+    pp_schedule: str = "1f1b"
+    cp_impl: str = "ring"
+
+    @property
+    def dp(self) -> int:
+        return self.nproc // (self.tp * self.pp * self.cp)
+
+    @property
+    def name(self) -> str:
+        extra = "".join(f" {k}{getattr(self, k)}" for k in ("tp", "pp", "cp") if getattr(self, k) > 1)
+        return f"{self.strategy}{extra}{' sp' if self.sp and self.tp > 1 else ''} x{self.nproc}"
+
+    def args(self) -> list[str]:
+        a = ["--strategy", self.strategy] + [x for k in ("tp", "pp", "cp", "grad_accum") if getattr(self, k) > 1
+                                              for x in (f"--{k.replace('_', '-')}", str(getattr(self, k)))]
+        if self.strategy == "hsdp":
+            a += ["--dp-shard", str(self.dp_shard), "--dp-replicate", str(self.dp // self.dp_shard)]
+        if self.pp > 1:
+            a += ["--pp-schedule", self.pp_schedule]
+        if self.cp > 1:
+            a += ["--cp-impl", self.cp_impl]
+        return a + (["--sp"] if self.sp and self.tp > 1 else [])
+
+    def layout(self, global_batch: int):
+        from coursekit.plan.layout import Layout
+
+        if global_batch % (self.dp * self.grad_accum):
+            raise ValueError(f"global batch {global_batch} does not split into dp {self.dp} x grad_accum "
+                             f"{self.grad_accum}")
+        kw = dict(tp=self.tp, pp=self.pp, cp=self.cp, micro_batch=global_batch // (self.dp * self.grad_accum),
+                  sp=self.sp, cp_impl=self.cp_impl, pp_schedule=self.pp_schedule if self.pp > 1 else "1f1b")
+        s = self.strategy
+        if s == "single":
+            if self.nproc != 1:
+                raise ValueError("strategy single runs on one process")
+            return Layout(**kw)
+        if s == "ddp":
+            return Layout(dp_replicate=self.dp, **kw)
+        if s in ("zero1", "zero2", "zero3"):
+            return Layout(dp_replicate=self.dp, engine="deepspeed", zero=int(s[-1]), **kw)
+        if s == "fsdp2":
+            return Layout(dp_shard=self.dp, engine="fsdp2", **kw)
+        if s == "hsdp":
+            return Layout(dp_replicate=self.dp // self.dp_shard, dp_shard=self.dp_shard, engine="fsdp2", **kw)
+        raise ValueError(f"no planner layout for trainer strategy {s!r}")
+
+
 def trainer_layout(strategy: str, nproc: int, micro_batch: int):
-    """The planner Layout of a ``coursekit train --strategy S`` run on ``nproc`` processes (data parallel only
-    today; TP / PP / FSDP2 rows are one more entry each when the trainer runs them on CPU)."""
-    from coursekit.plan.layout import Layout
-
-    if strategy == "single":
-        if nproc != 1:
-            raise ValueError("strategy single runs on one process")
-        return Layout(micro_batch=micro_batch)
-    if strategy == "ddp":
-        return Layout(dp_replicate=nproc, micro_batch=micro_batch)
-    if strategy in ("zero1", "zero2", "zero3"):
-        return Layout(dp_replicate=nproc, engine="deepspeed", zero=int(strategy[-1]), micro_batch=micro_batch)
-    raise ValueError(f"no planner layout for trainer strategy {strategy!r} yet")
+    """The planner Layout of a plain data-parallel ``coursekit train --strategy S`` run (see TrainerRun)."""
+    return TrainerRun(strategy=strategy, nproc=nproc).layout(micro_batch * nproc)
 
 
-def run_trainer(strategy: str, nproc: int, *, model: str, seq: int, global_batch: int, steps: int = 6,
-                timeout: float = 300) -> dict:
-    """Run the course trainer; returns {"step_time_s": median over steps after the first, "steps": [...]}."""
+def run_trainer(run, nproc: int | None = None, *, model: str, seq: int, global_batch: int, steps: int = 6,
+                timeout: float = 300, extra=()) -> dict:
+    """Run the course trainer (``run``: a TrainerRun, or a strategy name with ``nproc``); returns
+    {"step_time_s": median over steps after the first, "steps": [...], "final": rank 0's final record}."""
     import statistics
 
     from coursekit.launch import launch
 
-    res = launch("coursekit.train", ["--quiet", "--strategy", strategy, "--model", model, "--seq", str(seq),
-                                     "--global-batch", str(global_batch), "--steps", str(steps)],
-                 nproc=nproc, timeout=timeout)
+    if isinstance(run, str):
+        run = TrainerRun(strategy=run, nproc=nproc)
+    res = launch("coursekit.train", ["--quiet", *run.args(), "--model", model, "--seq", str(seq),
+                                     "--global-batch", str(global_batch), "--steps", str(steps), *extra],
+                 nproc=run.nproc, timeout=timeout)
     times = [s["step_time_s"] for s in res.results[0]["steps"]]
     return {"step_time_s": statistics.median(times[1:] or times), "steps": times, "final": res.results[0]["final"]}
+
+
+def run_measured(run, *, model: str, seq: int, global_batch: int, steps: int = 10, timeout: float = 300,
+                 extra=()) -> tuple[dict, list[dict]]:
+    """``run_trainer`` while a thread of this process takes ``measure_compute`` over and over: the figures whose
+    interval overlaps the timed steps (the nearest one if none does), i.e. the machine as the run's processes
+    saw it, with them on the same cores (on a shared CPU the load moves by the minute, and a launch spends most of
+    its time importing before its few seconds of steps)."""
+    import threading
+
+    samples, stop = [], threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            t0 = time.time()
+            samples.append((t0, measure_compute()))
+
+    th = threading.Thread(target=loop, daemon=True)
+    t_launch = time.time()
+    th.start()
+    try:
+        out = run_trainer(run, model=model, seq=seq, global_batch=global_batch, steps=steps, timeout=timeout,
+                          extra=extra)
+    finally:
+        stop.set()
+        th.join()
+    a = t_launch + out["final"]["first_step_after_s"]
+    b = a + sum(out["steps"][1:])
+    hits = [c for t0, c in samples if c["time_s"] >= a and t0 <= b]
+    return out, hits or [min((c for _, c in samples), key=lambda c: abs(c["time_s"] - (a + b) / 2))]

@@ -248,14 +248,14 @@ def explain(c: Candidate, best: Candidate | None = None) -> str:
     """Why a candidate ranks where it does: where its step time goes, and what it loses to the best."""
     p, s = c.prediction, c.prediction.step_time_s
     parts = {"compute": p.compute_s, "bubble": p.bubble_s, **{f"{k} comm": v for k, v in p.exposed_s.items()},
-             "optimizer": p.optimizer_s}
+             "optimizer": p.optimizer_s, "host": p.host_s}
     shares = ", ".join(f"{k} {v / s:.0%}" for k, v in parts.items() if v / s >= 0.01)
     head = f"{shares}; {c.peak_bytes / GiB:.1f} of {c.capacity_bytes / GiB:.1f} GiB"
     if best is None or best is c:
         return head
     bp = best.prediction
     other = {"compute": bp.compute_s, "bubble": bp.bubble_s, **{f"{k} comm": v for k, v in bp.exposed_s.items()},
-             "optimizer": bp.optimizer_s}
+             "optimizer": bp.optimizer_s, "host": bp.host_s}
     worst = max(parts, key=lambda k: parts[k] - other[k])
     more = (parts[worst] - other[worst]) * 1e3
     return f"{head}; {s / bp.step_time_s - 1:+.1%} vs #1, mostly {worst} (+{more:.0f} ms)"

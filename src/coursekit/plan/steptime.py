@@ -31,6 +31,14 @@ Overlap (stated per strategy):
   * CP ring: each K/V exchange overlaps one block of attention compute, exposed only beyond it; Ulysses
     all-to-alls are exposed.
   * optimizer: memory-bound over this rank's parameter shard (OPT_BYTES per parameter).
+  * FSDP2 gathers per block (forward, and again for backward), reduce-scatters per block; ZeRO-3 fetches per module
+    (one parameter tensor each in these models), forward and backward, and reduce-scatters per bucket.
+
+Host work beyond the eager per-op cost (hidden only behind overlap x the device compute; on a CPU all of it):
+  * DTensor dispatch: a TP layer's forward + backward runs DTENSOR_OPS_TP_LAYER ops with DTensor arguments
+    (DTENSOR_OPS_SP_LAYER with SP), each dtensor_op_s; a per-tensor optimizer loop over DTensor parameters (FSDP2 /
+    HSDP, DDP over TP or PP) pays dtensor_opt_op_s on DTENSOR_OPT_OPS of each tensor's ops.
+  * ZeRO-3's fetch / release / partition hooks: zero3_hook_s per parameter tensor per micro-batch.
 """
 from __future__ import annotations
 
@@ -38,10 +46,10 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from coursekit.comm.volume import busbw_factor
 from coursekit.flops import flops_per_step
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network
 from coursekit.plan.layout import Layout
+from coursekit.plan.links import Links
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -52,6 +60,13 @@ E_F = 8  # MLP-width reads+writes per token per layer (activation fn and gate pr
 # single-tensor AdamW. Each costs at least kernel_floor_s: what a tiny model is made of; a large one never notices.
 OPS_PER_LAYER = 211
 OPS_OUTSIDE_LAYERS = 79
+# DTensor ops (an aten op with a DTensor argument: sharding propagation and unwrap/rewrap on the host, each
+# Hardware.dtensor_op_s beyond its plain cost), counted the same way (calibrate.dtensor_op_cost) with the course's
+# TP plan (coursekit.tp.plan): per layer forward + backward, without / with sequence parallelism; and per DTensor
+# parameter in the single-tensor AdamW step (8 of its 10 ops touch the parameter, gradient or states).
+DTENSOR_OPS_TP_LAYER = 94
+DTENSOR_OPS_SP_LAYER = 144
+DTENSOR_OPT_OPS = 8
 LOSS_PASSES = 6  # fp32 logits: upcast, log-softmax, its backward
 SCORE_PASSES = 12  # eager attention: s x s scores written/read by scale, mask, softmax, dropout, fwd + bwd
 OPT_BYTES = 32  # AdamW per parameter: fp32 master, m, v read + write (24), fp32 grad read (4), bf16 param (2+2)
@@ -75,6 +90,9 @@ class Prediction:
     exposed_s: dict
     """Exposed communication per dimension: tp, cp, pp, dp (+ fsdp gathers), in seconds per step."""
     optimizer_s: float
+    host_s: float
+    """Exposed host work per step beyond the eager per-op cost: DTensor dispatch of TP layers, ZeRO-3's per-module
+    fetch/release hooks."""
     microbatches: int
     tokens_per_s_per_gpu: float
     mfu: float
@@ -84,7 +102,7 @@ class Prediction:
 
     def to_dict(self) -> dict:
         return {"step_time_s": self.step_time_s, "compute_s": self.compute_s, "bubble_s": self.bubble_s,
-                "exposed_s": dict(self.exposed_s), "optimizer_s": self.optimizer_s,
+                "exposed_s": dict(self.exposed_s), "optimizer_s": self.optimizer_s, "host_s": self.host_s,
                 "microbatches": self.microbatches, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
                 "mfu": self.mfu, "hfu": self.hfu, "links": dict(self.links)}
 
@@ -97,68 +115,6 @@ def gemm_time(M: float, K: float, N: float, hw: Hardware, dtype: str, batch: flo
     t_flop = 2 * M * K * N / (hw.peak(dtype) * e)
     t_mem = b * (M * K + K * N + M * N) / (hw.hbm_bw * HBM_FRACTION)
     return batch * max(t_flop, t_mem, hw.kernel_floor_s)
-
-
-def _ring_steps(op: str, n: int) -> int:
-    return 2 * (n - 1) if op == "all_reduce" else n - 1
-
-
-class Links:
-    """Which link a process group uses, from its place in the mesh (ParallelDims order) and the node size."""
-
-    ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-
-    def __init__(self, layout: Layout, cluster: Cluster):
-        self.deg = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
-                    "cp": layout.cp, "tp": layout.tp}
-        self.c = cluster
-        self._memo: dict = {}
-
-    def placement(self, axes: tuple) -> tuple[int, int, int]:
-        """(group size, members per node, nodes spanned) of a group made of contiguous mesh ``axes``."""
-        if axes not in self._memo:
-            self._memo[axes] = self._placement(axes)
-        return self._memo[axes]
-
-    def _placement(self, axes: tuple) -> tuple[int, int, int]:
-        inner = self.ORDER[self.ORDER.index(axes[-1]) + 1:]
-        stride = math.prod(self.deg[a] for a in inner)
-        n = math.prod(self.deg[a] for a in axes)
-        g = self.c.gpus_per_node
-        k = 1 if stride >= g else max(1, min(n, g // stride))
-        return n, k, max(1, n // k)
-
-    def kind(self, axes: tuple) -> str:
-        n, k, nodes = self.placement(axes)
-        return "nvlink" if nodes == 1 else "network"
-
-    def time(self, op: str, payload: float, axes: tuple, calls: float = 1) -> float:
-        """Seconds for ``calls`` collectives of ``payload`` bytes (nccl-tests size convention) over the group."""
-        n, k, nodes = self.placement(axes)
-        if n == 1 or calls == 0:
-            return 0.0
-        hw, net = self.c.hw, self.c.net
-        wire = payload * busbw_factor(op, n)
-        if nodes == 1:
-            alpha, bw = hw.collectives.get(op) or (hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, n),
-                                                   hw.intra_busbw)
-        else:
-            lv = 2 if op == "all_reduce" else 1
-            alpha, bw = net.collectives.get(op) or (
-                hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, k) + lv * net.latency_s * math.ceil(
-                    math.log2(nodes)), min(hw.intra_busbw, k * net.busbw))
-        return calls * (alpha + wire / bw)
-
-    def p2p(self, nbytes: float, axis: str, calls: float = 1) -> float:
-        """Point-to-point sends to a neighbour along ``axis`` (pipeline stages, CP ring)."""
-        if self.deg[axis] == 1 or calls == 0:
-            return 0.0
-        hw, net = self.c.hw, self.c.net
-        if self.kind((axis,)) == "nvlink":
-            alpha, bw = (hw.collectives.get("send") or (hw.link_latency_s, hw.intra_busbw))
-        else:
-            alpha, bw = (net.collectives.get("send") or (net.latency_s, net.busbw))
-        return calls * (alpha + nbytes / bw)
 
 
 @lru_cache(maxsize=4096)
@@ -249,20 +205,31 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     dp_axes = ("dp_replicate", "dp_shard", "cp")  # CP ranks hold the same weights: gradients reduce over them too
     fsdp_mb = 0.0
     step_dp = 0.0
+    # host work beyond the eager per-op cost: DTensor dispatch of TP layers, ZeRO-3's hooks (below)
+    host_mb = 0.0
+    if tp > 1:
+        host_mb = stage_layers * (DTENSOR_OPS_SP_LAYER if sp else DTENSOR_OPS_TP_LAYER) * hw.dtensor_op_s
     bwd_window = hw.overlap * compute_mb * 2 / 3
     pbytes, gbytes = act, 4  # gathers in the compute dtype; gradients reduced in fp32 (DeepSpeed / FSDP defaults)
     if L.shards_params:
         shard_axes = ("dp_shard", "cp") if L.engine == "fsdp2" else ("dp_replicate", "dp_shard", "cp")
         if L.engine == "fsdp2" and L.dp_replicate > 1 and cp > 1:
             shard_axes = ("dp_shard", "cp")
-        unit = per_layer
-        gather = links.time("all_gather", unit * pbytes, shard_axes, 2 * stage_layers)
-        reduce = links.time("reduce_scatter", unit * gbytes, shard_axes, stage_layers)
+        if L.engine == "fsdp2":  # one unit per block: gathered for forward and again for backward, reduced once
+            n_gather, n_reduce, unit, red_unit = 2 * stage_layers, stage_layers, per_layer, per_layer
+        else:  # ZeRO-3 fetches per module (one parameter tensor each here); reduces in reduce_bucket_size buckets
+            tensors = _stage_tensors(shape, stage_layers)
+            n_gather, unit = 2 * tensors, stage_params / tensors
+            n_reduce = max(1, math.ceil(stage_params * gbytes / DS_BUCKET))
+            red_unit = stage_params / n_reduce
+            host_mb += hw.zero3_hook_s * tensors
+        gather = links.time("all_gather", unit * pbytes, shard_axes, n_gather)
+        reduce = links.time("reduce_scatter", red_unit * gbytes, shard_axes, n_reduce)
         if L.engine == "fsdp2" and L.dp_replicate > 1:
             n_shard = links.placement(shard_axes)[0]
-            reduce += links.time("all_reduce", unit * gbytes / n_shard, ("dp_replicate",), stage_layers)
+            reduce += links.time("all_reduce", unit * gbytes / n_shard, ("dp_replicate",), n_reduce)
         comm = gather + reduce
-        first_last = (gather / 2 + reduce) / stage_layers  # the first unit's gather + the last unit's reduce
+        first_last = gather / n_gather + reduce / n_reduce  # the first unit's gather + the last unit's reduce
         fsdp_mb = max(first_last, comm - hw.overlap * compute_mb)
     else:
         if L.dp * cp > 1:
@@ -277,11 +244,16 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                 gath = links.time("all_gather", stage_params * pbytes, dp_axes, 1)
                 step_dp = (m if L.zero == 2 else 1) * exposed_red + gath
 
-    mb_time = compute_mb + stage_layers * (tp_s + cp_s) + pp_s + fsdp_mb
+    host_mb = max(0.0, host_mb - hw.overlap * compute_mb)  # host work hides only behind the device's compute
+    mb_time = compute_mb + stage_layers * (tp_s + cp_s) + pp_s + fsdp_mb + host_mb
     bubble = (pp - 1) / v * mb_time if pp > 1 else 0.0
     shard = L.dp * cp if (L.zero >= 1 or L.engine == "fsdp2") else 1
     opt = stage_params / shard * OPT_BYTES / (hw.hbm_bw * HBM_FRACTION)
     opt += hw.optimizer_ops_per_tensor * _stage_tensors(shape, stage_layers) * hw.kernel_floor_s
+    # torch-native sharded or composed models hold DTensor parameters (FSDP2 / HSDP; DDP over TP or PP through
+    # the composable replicate); a per-tensor optimizer loop then pays DTensor dispatch on most of its ops
+    if hw.optimizer_ops_per_tensor and (L.engine == "fsdp2" or (L.engine == "ddp" and (tp > 1 or pp > 1))):
+        opt += DTENSOR_OPT_OPS * _stage_tensors(shape, stage_layers) * hw.dtensor_opt_op_s
     step_dp += links.time("all_reduce", 4, dp_axes + ("pp",), 1) if hw.loss_sync else 0.0
     step = m * mb_time + bubble + step_dp + opt
 
@@ -296,5 +268,5 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                   (("tp", ("tp",)), ("cp", ("cp",)), ("dp", dp_axes), ("pp", ("pp",)))
                   if links.placement(axes)[0] > 1}
     return Prediction(step_time_s=step, compute_s=m * compute_mb, bubble_s=bubble, exposed_s=exposed,
-                      optimizer_s=opt, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
+                      optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
                       mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds)

@@ -1,0 +1,73 @@
+"""Which link a process group uses, and what its collectives cost there (alpha-beta). Pure Python.
+
+A group lies on NVLink when its ranks fit in a node under the mesh order pp x dp_replicate x dp_shard x cp x tp
+(tp innermost), else on the network with busbw = min(NVLink busbw, k x NIC) for k members per node; alpha = fixed
+cost + per ring step inside the node + per tree level across nodes. Measured collectives replace both per op.
+"""
+from __future__ import annotations
+
+import math
+
+from coursekit.comm.volume import busbw_factor
+
+
+def _ring_steps(op: str, n: int) -> int:
+    return 2 * (n - 1) if op == "all_reduce" else n - 1
+
+
+class Links:
+    """Which link a process group uses, from its place in the mesh (ParallelDims order) and the node size."""
+
+    ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+    def __init__(self, layout: Layout, cluster: Cluster):
+        self.deg = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
+                    "cp": layout.cp, "tp": layout.tp}
+        self.c = cluster
+        self._memo: dict = {}
+
+    def placement(self, axes: tuple) -> tuple[int, int, int]:
+        """(group size, members per node, nodes spanned) of a group made of contiguous mesh ``axes``."""
+        if axes not in self._memo:
+            self._memo[axes] = self._placement(axes)
+        return self._memo[axes]
+
+    def _placement(self, axes: tuple) -> tuple[int, int, int]:
+        inner = self.ORDER[self.ORDER.index(axes[-1]) + 1:]
+        stride = math.prod(self.deg[a] for a in inner)
+        n = math.prod(self.deg[a] for a in axes)
+        g = self.c.gpus_per_node
+        k = 1 if stride >= g else max(1, min(n, g // stride))
+        return n, k, max(1, n // k)
+
+    def kind(self, axes: tuple) -> str:
+        n, k, nodes = self.placement(axes)
+        return "nvlink" if nodes == 1 else "network"
+
+    def time(self, op: str, payload: float, axes: tuple, calls: float = 1) -> float:
+        """Seconds for ``calls`` collectives of ``payload`` bytes (nccl-tests size convention) over the group."""
+        n, k, nodes = self.placement(axes)
+        if n == 1 or calls == 0:
+            return 0.0
+        hw, net = self.c.hw, self.c.net
+        wire = payload * busbw_factor(op, n)
+        if nodes == 1:
+            alpha, bw = hw.collectives.get(op) or (hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, n),
+                                                   hw.intra_busbw)
+        else:
+            lv = 2 if op == "all_reduce" else 1
+            alpha, bw = net.collectives.get(op) or (
+                hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, k) + lv * net.latency_s * math.ceil(
+                    math.log2(nodes)), min(hw.intra_busbw, k * net.busbw))
+        return calls * (alpha + wire / bw)
+
+    def p2p(self, nbytes: float, axis: str, calls: float = 1) -> float:
+        """Point-to-point sends to a neighbour along ``axis`` (pipeline stages, CP ring)."""
+        if self.deg[axis] == 1 or calls == 0:
+            return 0.0
+        hw, net = self.c.hw, self.c.net
+        if self.kind((axis,)) == "nvlink":
+            alpha, bw = (hw.collectives.get("send") or (hw.link_latency_s, hw.intra_busbw))
+        else:
+            alpha, bw = (net.collectives.get("send") or (net.latency_s, net.busbw))
+        return calls * (alpha + nbytes / bw)
