@@ -26,8 +26,8 @@
 # Every answer is checked against numbers: `coursekit trace`'s figures, the trainer's records, the diagnosis of
 # `coursekit launch --diagnose`. **Grading** works as in Labs 1-2: write your answers inside the functions; visible
 # tests run here, hidden tests try other inputs when your notebook is graded; only definitions (functions, imports,
-# UPPER_CASE constants) are graded, and they take and return plain data. The runs take about 2 minutes in all; each
-# is launched once and kept (`coursekit.profiling.labruns`), so running a cell again costs nothing.
+# UPPER_CASE constants) are graded, and they take and return plain data. Five short jobs run in all, each launched
+# once and kept (`coursekit.profiling.labruns`): running a cell again costs nothing.
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false}
 import math
@@ -48,23 +48,19 @@ SLOW_RANK, SLOW_MS = 1, 100  # section 4: rank 1 sleeps 100 ms at the start of e
 KILL_AT_STEP, SAVE_EVERY = 3, 2  # section 5
 
 
-def small_buckets():
-    """DDP, 0.1 MB buckets, steps 1-4 traced: {"dir", "records", "trace"} (launched once, then kept)."""
+def small_buckets():  # DDP, 0.1 MB buckets, steps 1-4 traced: {"dir", "records", "trace"} (launched once, kept)
     return labruns.ddp_traced(MODEL_CONFIG, SMALL_BUCKET_MB, steps=STEPS, seq=SEQ, global_batch=GLOBAL_BATCH)
 
 
-def one_bucket():
-    """The same run with a single 1000 MB bucket."""
+def one_bucket():  # the same run with a single 1000 MB bucket
     return labruns.ddp_traced(MODEL_CONFIG, ONE_BUCKET_MB, steps=STEPS, seq=SEQ, global_batch=GLOBAL_BATCH)
 
 
-def hang():
-    """Rank 1 calls all_gather where rank 0 calls all_reduce (collective #3), under ``coursekit launch --diagnose``."""
+def hang():  # rank 1 calls all_gather where rank 0 calls all_reduce (#3), under coursekit launch --diagnose
     return labruns.planted_hang("op", rank=1, at=3)
 
 
-def elastic():
-    """Section 5's two runs (rank 1 also sleeps SLOW_MS per step: they are section 4's straggler runs too)."""
+def elastic():  # section 5's two runs (rank 1 also sleeps SLOW_MS per step: section 4's straggler runs too)
     return labruns.elastic_pair(MODEL_CONFIG, steps=STEPS, save_every=SAVE_EVERY, kill_at_step=KILL_AT_STEP,
                                 kill_rank=1, extra=("--slow-rank", SLOW_RANK, "--slow-ms", SLOW_MS), seq=SEQ,
                                 global_batch=GLOBAL_BATCH)
@@ -333,13 +329,10 @@ print(f"find_culprit: rank {_mine['ranks']} issued {_mine['op']} at collective #
 # %% nbgrader={"grade": true, "grade_id": "find_culprit_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests use 4-rank dump sets: a shape and a dtype mismatch, rank 0 skipping, and a job that did not hang.
 ### BEGIN HIDDEN TESTS
-def _ev(seq, op="all_reduce", sizes=((8,),), dtype="Float"):
-    return {"seq": seq, "op": op, "input_sizes": [list(s) for s in sizes], "output_sizes": [list(s) for s in sizes],
-            "dtypes": [dtype] * len(sizes), "pg": "default_pg", "state": "scheduled"}
-
-
-def _set(*per_rank):
-    return [{"rank": r, "entries": list(es)} for r, es in enumerate(per_rank)]
+_ev = lambda seq, op="all_reduce", sizes=((8,),), dtype="Float": dict(  # noqa: E731
+    seq=seq, op=op, input_sizes=[list(x) for x in sizes], output_sizes=[list(x) for x in sizes], dtypes=[dtype],
+    pg="default_pg", state="scheduled")
+_set = lambda *per_rank: [{"rank": r, "entries": list(es)} for r, es in enumerate(per_rank)]  # noqa: E731
 
 
 _ok = [_ev(1), _ev(2, "all_gather"), _ev(3), _ev(4), _ev(5)]
@@ -418,10 +411,8 @@ print(f"name_straggler: rank {_mine['rank']}, ~{_mine['slowdown_ms']:.0f} ms per
 from coursekit.profiling.stragglers import find as _find
 
 
-def _pr(*rows):
-    return [{"rank": i, "step_ms": s, "wait_ms": w, "compute_ms": s - w} for i, (s, w) in enumerate(rows)]
-
-
+_pr = lambda *rows: [{"rank": i, "step_ms": s, "wait_ms": w, "compute_ms": s - w}  # noqa: E731
+                      for i, (s, w) in enumerate(rows)]
 for _case in (_pr((200, 10), (200, 150), (200, 20), (200, 160)),  # rank 0 waits least; others' median wait 150
               _pr((100, 3), (100, 4), (100, 2), (100, 3.5)),  # nobody waits for anybody
               _pr((60, 0), (60, 6.5), (60, 6.5)),  # gap 6.5 > 10 % of 53.5: a straggler
@@ -490,12 +481,8 @@ print(f"resume_check: resumed at step {_start}, recomputed {_mine['recomputed']}
 # Hidden tests: a loss one bit off, a rank that stopped early, two ranks, and a resume at the step of the kill.
 ### BEGIN HIDDEN TESTS
 def _recs(losses_per_rank, start=None, steps=None):
-    out = []
-    for rank, losses in enumerate(losses_per_rank):
-        st = steps if steps is not None else range(len(losses))
-        out.append({"rank": rank, "steps": [{"step": s, "loss": losses[s]} for s in st],
-                    "final": {"resumed_from_step": start}})
-    return out
+    return [{"rank": rank, "steps": [{"step": s, "loss": ls[s]} for s in (range(len(ls)) if steps is None else steps)],
+             "final": {"resumed_from_step": start}} for rank, ls in enumerate(losses_per_rank)]
 
 
 _L = [[2.5, 2.25, 2.125, 2.0625, 2.03125, 2.015625], [2.5, 2.25, 2.125, 2.0625, 2.03125, 2.015625]]
