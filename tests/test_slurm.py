@@ -337,6 +337,148 @@ def test_time_limit_warning_requeues_and_resumes(cluster, job_env, tmp_path):
         assert r["steps"][0]["step"] == start and r["steps"][-1]["step"] == steps - 1
 
 
+# ---- elastic recovery under Slurm (Module 5, item 5): SIGKILL or a requeue mid-run, resumed bit-identical ----------
+
+RECOVERY_STEPS, RECOVERY_EVERY = 200, 10  # 200 steps: seconds of training, time to requeue the job in the middle
+# Per attempt, with the time-limit warning moved to its last 10 s (the script's own 300 s lead would requeue a
+# 10-minute attempt after 5 minutes): at load average ~20 one 200-step attempt took 2.5 minutes.
+RECOVERY_TIME = ["--time=00:10:00", "--signal=B:USR1@10"]
+_STEP_LINE = re.compile(r"^step (\{.*\})$")
+
+
+def _job_processes(job_id: str) -> list[int]:
+    """Live processes of a Slurm job (found by the SLURM_JOB_ID its tasks inherit), zombies excluded."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get("SLURM_JOB_ID") == job_id:
+                out.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return out
+
+
+def _no_job_processes(job_id: str) -> None:
+    deadline = time.monotonic() + 10  # the job's end is recorded as its processes are reaped
+    while _job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _job_processes(job_id), f"processes of job {job_id} outlived it: {_job_processes(job_id)}"
+
+
+def _attempt_steps(output: str) -> list[list[dict]]:
+    """Rank 0's per-step JSON records (the trainer's ``step {json}`` lines), split by the banner each attempt of
+    the job prints first (--open-mode=append keeps every attempt's lines in one file)."""
+    attempts: list[list[dict]] = []
+    for ln in output.splitlines():
+        if ln.startswith("== coursekit job "):
+            attempts.append([])
+        elif (m := _STEP_LINE.match(ln.strip())) and attempts:
+            attempts[-1].append(json.loads(m.group(1)))
+    return attempts
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster, tmp_path_factory):
+    """The same training as the recovery tests, never interrupted, through the same script: {rank: record}."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    env = cluster.job_env({"COURSEKIT_RUN_DIR": str(root / "run"), "COURSEKIT_RESULTS_DIR": str(root / "results")})
+    job = cluster.sbatch("slurm/requeue.sbatch", *_train_args(root / "ckpt", RECOVERY_STEPS, RECOVERY_EVERY),
+                         options=["--nodes=1", GPUS, *RECOVERY_TIME], env=env)
+    res = cluster.wait(job, timeout=600)
+    _ok(res)
+    recs = _results(env)
+    assert len(recs) == 2 and all(len(r["steps"]) == RECOVERY_STEPS for r in recs)
+    return {r["rank"]: r for r in recs}
+
+
+def _assert_resumed_bit_identical(recs, whole, resumed_from: int) -> None:
+    full = {s["step"]: s["loss"] for s in whole[0]["steps"]}
+    assert len(recs) == 2
+    for r in recs:
+        f = r["final"]
+        assert f["resumed_from_step"] == resumed_from, f["resumed_from_step"]
+        assert [s["step"] for s in r["steps"]] == list(range(resumed_from, RECOVERY_STEPS))
+        assert all(s["loss"] == full[s["step"]] for s in r["steps"])  # bit-identical, not approximately
+        assert f["param_sq_sum"] == whole[r["rank"]]["final"]["param_sq_sum"]
+
+
+@pytest.mark.slow  # three jobs, one requeued (7 minutes at load average ~20, with the uninterrupted run)
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("path", ["requeue", "elastic"])
+def test_sigkilled_worker_resumes_bit_identical_under_slurm(cluster, job_env, tmp_path, uninterrupted, path):
+    """Rank 1 SIGKILLs itself at step 25 (--kill-at-step: no exception, no clean-up). ``requeue``: no in-job
+    restarts, so torchrun fails, srun ends the step and slurm/requeue.sbatch requeues the whole job; ``elastic``:
+    two nodes, and torchrun restarts the workers on both (the script's default COURSEKIT_MAX_RESTARTS), no
+    requeue. Either way the next attempt resumes from the step-20 checkpoint (5 steps recomputed, <= --save-every)
+    and every later loss equals the uninterrupted run's bit for bit. The kill happens in the first attempt only:
+    the trainer counts Slurm's requeues (SLURM_RESTART_COUNT) as attempts too."""
+    ckpt, kill_step = tmp_path / "ckpt", 25
+    args = _train_args(ckpt, RECOVERY_STEPS, RECOVERY_EVERY, "--kill-at-step", str(kill_step), "--kill-rank", "1")
+    if path == "requeue":
+        env, opts = {**job_env, "COURSEKIT_MAX_RESTARTS": "0"}, ["--nodes=1", GPUS, *RECOVERY_TIME]
+    else:
+        env, opts = job_env, ["--nodes=2", "--gpus-per-node=1", *RECOVERY_TIME]
+    job = cluster.sbatch("slurm/requeue.sbatch", *args, options=opts, env=env)
+    res = cluster.wait(job, timeout=700)
+    _ok(res)
+    _no_job_processes(job)
+    kill = json.loads((ckpt / "killed.json").read_text())
+    assert kill["step"] == kill_step and kill["rank"] == 1
+    recs = _results(job_env)
+    _assert_resumed_bit_identical(recs, uninterrupted, resumed_from=20)
+    assert kill_step - 20 <= RECOVERY_EVERY  # steps recomputed
+    if path == "requeue":
+        assert res.restarts == 1 and res.history[:1] == ["PENDING"], res  # Slurm's record: requeued once
+        assert "requeueing job" in res.output and "exit code" in res.output
+    else:
+        assert res.restarts == 0, res  # torchrun restarted the workers inside the job
+    for r in recs:
+        assert r["final"]["restart_count"] == 1  # one elastic restart, or one requeue
+        assert 0 < r["final"]["recovery_s"] < 600  # SIGKILL -> the first resumed step, as the trainer measured it
+    print(f"\n{path}: SIGKILL at step {kill_step} -> first resumed step in {recs[0]['final']['recovery_s']:.1f} s")
+
+
+@pytest.mark.slow  # one job, requeued (plus the uninterrupted run when run alone)
+@pytest.mark.timeout(1500)
+def test_scontrol_requeue_mid_run_resumes_bit_identical(cluster, job_env, tmp_path, uninterrupted):
+    """Slurm itself stops the job mid-run (``scontrol requeue``, as a preemption or a node drain does): every
+    process of the attempt is signalled and killed, wherever it was (a checkpoint may be half-written), the job goes
+    back to the queue and its next attempt resumes from the latest *complete* checkpoint. Steps recomputed (rank 0's
+    step records of the first attempt vs where the second one starts) stay <= --save-every, and the resumed
+    losses equal the uninterrupted run's bit for bit."""
+    ckpt = tmp_path / "ckpt"
+    args = [a for a in _train_args(ckpt, RECOVERY_STEPS, RECOVERY_EVERY) if a != "--quiet"]  # rank 0's step lines
+    job = cluster.sbatch("slurm/requeue.sbatch", *args, options=["--nodes=1", GPUS, *RECOVERY_TIME], env=job_env)
+    deadline, out = time.monotonic() + 400, cluster.outputs[job]
+    # between two checkpoints: once rank 0 has printed step 24 (the step-20 checkpoint is complete by then)
+    while not any(s["step"] >= 2 * RECOVERY_EVERY + 4 for a in _attempt_steps(out.read_text() if out.exists()
+                                                                                else "") for s in a):
+        assert time.monotonic() < deadline, "rank 0 did not reach step 24 within 400 s"
+        line = cluster.show(job) or ""
+        assert "JobState=FAILED" not in line and "JobState=COMPLETED" not in line, line
+        time.sleep(0.05)
+    t_requeue = time.monotonic()
+    cluster.run("scontrol", "requeue", job)
+    res = cluster.wait(job, timeout=700)
+    _ok(res)
+    _no_job_processes(job)
+    assert res.restarts == 1 and res.history[:1] == ["PENDING"], (res, res.tail())
+    first, second = _attempt_steps(res.output)
+    done = first[-1]["step"] + 1  # steps the first attempt completed before Slurm stopped it
+    assert 2 * RECOVERY_EVERY + 4 < done < RECOVERY_STEPS, done  # it really was stopped mid-run
+    recs = _results(job_env)
+    start = recs[0]["final"]["resumed_from_step"]
+    assert start % RECOVERY_EVERY == 0 and 0 <= done - start <= RECOVERY_EVERY, (done, start)
+    assert second[0]["step"] == start
+    _assert_resumed_bit_identical(recs, uninterrupted, resumed_from=start)
+    assert all(r["final"]["restart_count"] == 1 for r in recs)  # the requeue counted as the second attempt
+    print(f"\nscontrol requeue after step {done - 1}: resumed from {start} ({done - start} steps recomputed); "
+          f"job done {time.monotonic() - t_requeue:.1f} s after the requeue, its second attempt's first step "
+          f"{recs[0]['final']['first_step_after_s']:.1f} s after its start")
+
+
 GRADER = textwrap.dedent("""
     # Stand-in for `coursekit course grade STUDENT --out DIR`: scores answer.txt, misbehaves on request.
     import argparse, json, os, time
