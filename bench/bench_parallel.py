@@ -2,13 +2,14 @@
 
     .venv/bin/python bench/bench_parallel.py            # dp8, dp2 x tp2 x pp2, tp2 x cp2 x dp2; bubbles at m = 1, 2, 4, 8
     .venv/bin/python bench/bench_parallel.py --quick    # bubbles only, 2 stages, m = 1 and 4 (minutes on 2 cores)
+    .venv/bin/python bench/bench_parallel.py --only layouts   # the 8-process rows only
 
 Layouts (``coursekit train``, tiny Llama with 4 layers, seq 64, global batch 16, fp32, 4 steps): step time (mean of
 steps 2..4, slowest rank) and parameter bytes per rank (``coursekit.measure``, from each rank's final record).
 Not yet here: activation and communication bytes per rank for these layouts (issue #13's benchmark list).
 Bubbles (``coursekit.pp.probe``, a wider model: hidden 256, seq 128, micro-batch 2): the first stage's idle share
 of the step (1 − compute / span, the median of steps 2..4), the theory (p−1)/(v·m+p−1), the replay of the same
-chunk times with free communication (``coursekit.pp.bubble.replay``: what uneven chunks alone give), and the shares
+chunks' CPU seconds with free communication (``coursekit.pp.bubble.replay``: what uneven chunks alone give), the shares
 of the span spent in send/recv waits (p2p) and in the schedule's Python between chunks (other). On a shared 2-core
 machine the measured value carries scheduling noise.
 """
@@ -83,8 +84,8 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
             med = lambda key: statistics.median(x[key] / (1 if key == "bubble" else x["span"]) for x in b)  # noqa
             rows.append({"schedule": kind, "m": run["m"], "measured": med("bubble"), "p2p_wait": med("p2p_wait"),
                          "other": med("other"), "theory": theory(2, run["m"], run["v"]),
-                         "replay": statistics.median(replay([x["timeline"] for x in st],
-                                                            [x["events"] for x in st])[0] for st in steps),
+                         "replay": statistics.median(replay([x["timeline"] for x in st], [x["events"] for x in st],
+                                                            clock="cpu")[0] for st in steps),
                          "peak_saved_bytes": [r["runs"][i]["steps"][-1]["peak_saved"] for r in res.results]})
     return rows
 
@@ -92,18 +93,21 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", choices=("layouts", "bubbles"), help="run one of the two tables")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
         model = model_file(d)
-        out = {"layouts": [] if a.quick else layouts(model, a.timeout)}
+        out = {"layouts": [] if a.quick or a.only == "bubbles" else layouts(model, a.timeout)}
         scheds = ["gpipe", "1f1b"] if a.quick else ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zbv"]
-        out["bubbles"] = bubbles(wide_model_file(d), scheds, [1, 4] if a.quick else [1, 2, 4, 8], a.timeout)
+        out["bubbles"] = [] if a.only == "layouts" else bubbles(wide_model_file(d), scheds,
+                                                                [1, 4] if a.quick else [1, 2, 4, 8], a.timeout)
     for r in out["layouts"]:
         print(f"{r['layout']:<16} step {r['step_ms']:8.1f} ms   params/rank {r['param_bytes_per_rank']} B")
-    print(f"{'schedule':<18} {'m':>2} {'bubble':>7} {'theory':>7} {'replay':>7} {'p2p':>6} {'other':>6}"
-          "  peak saved per stage (B)")
+    if out["bubbles"]:
+        print(f"{'schedule':<18} {'m':>2} {'bubble':>7} {'theory':>7} {'replay':>7} {'p2p':>6} {'other':>6}"
+              "  peak saved per stage (B)")
     for r in out["bubbles"]:
         print(f"{r['schedule']:<18} {r['m']:>2} {r['measured']:7.3f} {r['theory']:7.3f} {r['replay']:7.3f} "
               f"{r['p2p_wait']:6.3f} {r['other']:6.3f}  {r['peak_saved_bytes']}")
