@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -305,9 +306,10 @@ def main(argv=None) -> int:
         print(f"== {k}", flush=True)
         for r in rows:
             show(r)
-    if a.strategies:  # rows print as they finish
+    if a.strategies:  # rows print as they finish; a cold inductor cache unless TORCHINDUCTOR_CACHE_DIR is set
         with tempfile.TemporaryDirectory(prefix="bench-fsdp-inductor-") as cache:
-            strategy_rows([int(x) for x in a.nprocs.split(",")], cache, a.only.split(",") if a.only else None)
+            strategy_rows([int(x) for x in a.nprocs.split(",")], os.environ.get("TORCHINDUCTOR_CACHE_DIR", cache),
+                          a.only.split(",") if a.only else None)
     if a.dcp:
         dcp_rows()
     return 0
