@@ -256,14 +256,14 @@ for _kind in ("1f1b", "interleaved-1f1b"):  # same m, the other schedules
     bubble_run(_kind, 4)
 
 # %% [markdown]
-# The measured bubble falls with m, as the formula says, but on this CPU it stays **above** theory, the more so the
-# shorter the chunks (interleaving halves them). The formula assumes equal chunks and free hand-offs between stages.
-# Here every chunk also pays a gloo send/recv and the schedule's Python bookkeeping, which count as idle; the last
-# stage computes the loss too, so stages are uneven. With the 64-wide tiny model (chunks of a few ms) the same run
-# measures about 0.7 at m = 1 and m = 4 (README): overhead hides the trend. On a machine shared with other jobs a
-# chunk's time also includes moments the OS ran something else, and the numbers scatter either way. On GPUs, with
-# long chunks and NVLink hand-offs, the measurement comes close to (p−1)/(v·m+p−1). `bench/bench_parallel.py` runs
-# more schedules and m. Zero-bubble schedules and DualPipeV run with hand-made stages on gloo, but the trainer
+# The measured bubble falls with m, as the formula says, and on this CPU it is mostly **above** theory, the more so
+# the shorter the chunks (interleaving halves them): the formula assumes free hand-offs, but every chunk here also
+# pays a gloo send/recv and the schedule's Python bookkeeping, counted as idle. With the 64-wide tiny model (chunks
+# of a few ms) the same run measures about 0.7 at m = 1 and at m = 4 (README): overhead hides the trend. A single
+# run can also land below theory: chunks are not equal (a backward takes about twice a forward, the last stage also
+# computes the loss), and on a machine shared with other jobs a chunk's time includes moments the OS ran something
+# else. On GPUs, with long chunks and NVLink hand-offs, the measurement comes close to (p−1)/(v·m+p−1).
+# `bench/bench_parallel.py` runs more schedules and m. Zero-bubble schedules and DualPipeV run with hand-made stages on gloo, but the trainer
 # refuses them for now (a KeyError inside torch's composable `replicate` on gloo).
 #
 # ## 4. Ring Attention's online softmax
@@ -345,19 +345,15 @@ except NotImplementedError:
 # %% [markdown]
 # ## 5. Ulysses or Ring?
 #
-# Both split a sequence of s tokens over C ranks; per layer forward they communicate differently:
-#
-# * **Ulysses** (Jacobs et al. 2023): 4 all-to-alls (q, k, v to a head split; the output back). In each a rank sends
-#   (C−1)/C of its piece: b·(s/C)·heads·d elements for q and the output, b·(s/C)·max(kv_heads, C)·d for k and v
-#   (fewer K/V heads than C are replicated). Nothing overlaps: attention waits for the all-to-alls. Ulysses splits
-#   heads, so it **needs heads divisible by C** (else it is impossible: `None`).
-# * **Ring**: C−1 steps; in each a rank sends one K/V block, 2·b·(s/C)·kv_heads·d elements, while it computes its
-#   queries against the block it holds: with causal zig-zag balance half a tile, 2·b·heads·(s/C)²·d FLOPs. Only the
-#   part of a send longer than that compute is exposed: (C−1)·max(0, t_send − t_compute).
-#
-# Write `cp_exposed_s` (exposed communication seconds per layer forward, link bandwidth in bytes/s, attention at
-# `flops_per_s`) and `choose_cp`: `"ulysses"` when its time is strictly lower, else `"ring"`. The tests use the setup
-# cell's `NVLINK`, `IB` and `ATTN_FLOPS`.
+# Both split s tokens over C ranks; per layer forward, **Ulysses** (Jacobs et al. 2023) runs 4 all-to-alls (q, k, v
+# to a head split, the output back), in each of which a rank sends (C−1)/C of its piece: b·(s/C)·heads·d elements
+# for q and the output, b·(s/C)·max(kv_heads, C)·d for k and v (K/V heads fewer than C are replicated). Attention
+# waits for them: all exposed. It splits heads, so it **needs heads divisible by C** (else impossible: `None`).
+# **Ring** runs C−1 steps; in each a rank sends one K/V block, 2·b·(s/C)·kv_heads·d elements, while computing its
+# queries against the block it holds (causal zig-zag: half a tile, 2·b·heads·(s/C)²·d FLOPs): only
+# (C−1)·max(0, t_send − t_compute) is exposed. Write `cp_exposed_s` (exposed seconds per layer forward; link in
+# bytes/s, attention at `flops_per_s`) and `choose_cp`: `"ulysses"` when its time is strictly lower, else `"ring"`.
+# The tests use the setup cell's `NVLINK`, `IB` and `ATTN_FLOPS`.
 
 # %% nbgrader={"grade": false, "grade_id": "choose_cp", "locked": false, "schema_version": 3, "solution": true}
 def cp_exposed_s(impl: str, batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, cp: int,
@@ -579,7 +575,7 @@ assert close(_e["compute_share"], _top["compute_s"] / _top["step_time_s"])
 print(f"explain_plan: {_top['summary']}: compute {_e['compute_share']:.0%}, then the bubble (3/67 of the pipeline)")
 
 # %% nbgrader={"grade": true, "grade_id": "explain_plan_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-# Hidden tests read other candidates: one GPU (no communication), data parallel across the network, no pipeline.
+# Hidden tests read other candidates: one GPU (no communication), data parallel across the network.
 ### BEGIN HIDDEN TESTS
 _one = plan("llama3.2-1b", gpus=1, gpus_per_node=8, seq=2048, global_batch=8)[0].to_dict()
 _e = explain_plan(_one)
@@ -588,9 +584,4 @@ _alt = evaluate("llama3-70b", dict(engine="fsdp2", dp_shard=2, tp=8, pp=2, virtu
 _e = explain_plan(_alt)
 assert _e["largest_overhead"] == "dp" and close(_e["bubble_fraction"], 1 / (2 * _alt["microbatches"] + 1))
 assert close(sum(_e["parts"].values()), _alt["step_time_s"], rel=1e-9)
-_z = evaluate("llama3-8b", dict(engine="fsdp2", tp=2, cp=2), gpus=16, gpus_per_node=8, seq=8192,
-              global_batch=16).to_dict()
-_e = explain_plan(_z)
-assert _e["bubble_fraction"] == 0 and _e["largest_overhead"] == max(("tp", "cp", "dp", "optimizer"), key=lambda k: (
-    _z["optimizer_s"] if k == "optimizer" else _z["exposed_s"][k]))
 ### END HIDDEN TESTS
