@@ -21,9 +21,10 @@ import subprocess
 import sys
 import time
 
-# a Llama of many small modules (8 layers of 16 wide, 75 parameter tensors, ~10k parameters): its step is almost
-# all per-op and per-module host work, so what a strategy adds per op or per module stands out
-CALIBRATION_MODEL = {"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+# a Llama of many small modules (8 layers of 16 wide, 75 parameter tensors, ~29k parameters; 256 tokens, the
+# trainer's synthetic data's vocabulary): its step is almost all per-op and per-module host work, so what a
+# strategy adds per op or per module stands out
+CALIBRATION_MODEL = {"model_type": "llama", "vocab_size": 256, "hidden_size": 16, "intermediate_size": 32,
                      "num_hidden_layers": 8, "num_attention_heads": 2, "num_key_value_heads": 2,
                      "max_position_embeddings": 16, "tie_word_embeddings": False}
 

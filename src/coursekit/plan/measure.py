@@ -232,33 +232,43 @@ def trainer_layout(strategy: str, nproc: int, micro_batch: int):
 
 
 def run_trainer(run, nproc: int | None = None, *, model: str, seq: int, global_batch: int, steps: int = 6,
-                timeout: float = 300, extra=()) -> dict:
+                timeout: float = 300, extra=(), on_step=None) -> dict:
     """Run the course trainer (``run``: a TrainerRun, or a strategy name with ``nproc``); returns
-    {"step_time_s": median over steps after the first, "steps": [...], "final": rank 0's final record}."""
+    {"step_time_s": median over steps after the first, "steps": [...], "final": rank 0's final record}.
+    ``on_step()`` is called when rank 0 reports each step."""
     import statistics
 
     from coursekit.launch import launch
 
     if isinstance(run, str):
         run = TrainerRun(strategy=run, nproc=nproc)
-    res = launch("coursekit.train", ["--quiet", *run.args(), "--model", model, "--seq", str(seq),
-                                     "--global-batch", str(global_batch), "--steps", str(steps), *extra],
-                 nproc=run.nproc, timeout=timeout)
+
+    def on_line(line: str) -> bool:  # the per-step progress lines: to on_step, not to the terminal
+        if line.startswith("[rank 0] step {"):
+            on_step()
+            return True
+        return False
+
+    res = launch("coursekit.train", [*([] if on_step else ["--quiet"]), *run.args(), "--model", model, "--seq",
+                                     str(seq), "--global-batch", str(global_batch), "--steps", str(steps), *extra],
+                 nproc=run.nproc, timeout=timeout, on_line=on_line if on_step else None)
     times = [s["step_time_s"] for s in res.results[0]["steps"]]
     return {"step_time_s": statistics.median(times[1:] or times), "steps": times, "final": res.results[0]["final"]}
 
 
 def run_measured(run, *, model: str, seq: int, global_batch: int, steps: int = 10, timeout: float = 300,
                  extra=()) -> tuple[dict, list[dict]]:
-    """``run_trainer`` while a thread of this process takes ``measure_compute`` over and over: the figures whose
-    interval overlaps the timed steps (the nearest one if none does), i.e. the machine as the run's processes
-    saw it, with them on the same cores (on a shared CPU the load moves by the minute, and a launch spends most of
-    its time importing before its few seconds of steps)."""
+    """``run_trainer`` while a thread of this process takes ``measure_compute`` over and over from the first
+    step on: the figures whose interval overlaps the timed steps (the nearest one if none does), i.e. the machine
+    as the run's processes saw it, with them on the same cores (on a shared CPU the load moves by the minute, and a
+    launch spends most of its time importing before its few seconds of steps)."""
     import threading
 
-    samples, stop = [], threading.Event()
+    _op_overhead_model()  # build it now (imports transformers), not in the middle of the steps
+    samples, stop, started = [], threading.Event(), threading.Event()
 
     def loop():
+        started.wait()
         while not stop.is_set():
             t0 = time.time()
             samples.append((t0, measure_compute()))
@@ -268,10 +278,13 @@ def run_measured(run, *, model: str, seq: int, global_batch: int, steps: int = 1
     th.start()
     try:
         out = run_trainer(run, model=model, seq=seq, global_batch=global_batch, steps=steps, timeout=timeout,
-                          extra=extra)
+                          extra=extra, on_step=started.set)
     finally:
         stop.set()
+        started.set()
         th.join()
+    if not samples:  # the steps ended before the thread's first sample began: one now, as close as it gets
+        samples.append((time.time(), measure_compute()))
     a = t_launch + out["final"]["first_step_after_s"]
     b = a + sum(out["steps"][1:])
     hits = [c for t0, c in samples if c["time_s"] >= a and t0 <= b]
