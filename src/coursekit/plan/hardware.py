@@ -60,13 +60,14 @@ class Hardware:
     """DeepSpeed ZeRO-3's host work per parameter tensor per micro-batch: the Python hooks that fetch each module's
     parameters before its forward and its backward, release them after, and partition its gradient. Charged beyond
     what ``overlap`` of the device compute hides (on a CPU, all of it). Measured on a CPU host by
-    ``coursekit.plan.calibrate.zero3_hook_cost``; the GPU default (100 us) is an assumption of the same order as that
-    Python measured on one core of the course's CPU machine, not a published figure."""
+    ``coursekit.plan.calibrate.zero3_hook_cost`` (there ~170 plain-op costs per tensor: on a CPU the host also does
+    the copies and allocations a GPU's streams do). The GPU default (100 us) is a stated assumption, not measured
+    and not a published figure."""
     dtensor_op_s: float = 30e-6
     """Host cost of an op on a DTensor beyond the plain op, in a TP layer's forward and backward (sharding
     propagation, unwrap / rewrap); ``dtensor_opt_op_s`` the same in an optimizer step. Hidden behind ``overlap`` x
-    the device compute. Measured on a CPU host by ``coursekit.plan.calibrate.dtensor_op_cost``; the GPU defaults
-    are assumptions (a server core running the same Python), not published figures."""
+    the device compute. Measured on a CPU host by ``coursekit.plan.calibrate.dtensor_op_cost`` (there ~7-20 and ~4-5
+    plain-op costs); the GPU defaults are stated assumptions, not measured and not published figures."""
     dtensor_opt_op_s: float = 10e-6
     loss_sync: bool = False
     """The trainer all-reduces the loss every step (coursekit's trainer does; a latency-bound call)."""
