@@ -1,5 +1,5 @@
 """Module 4 in ``coursekit demo``: tensor, pipeline and context parallelism on one mesh, each equal to one
-process's run step by step."""
+process's run step by step; and the pipeline bubble of GPipe on 2 stages at m = 1 and 4 against (p−1)/(m+p−1)."""
 from __future__ import annotations
 
 from coursekit.tour import Check
@@ -13,4 +13,50 @@ def checks(tour) -> list[Check]:
             ("ring attention, CP=2 = 1 process", ("ddp", 2, "--cp", "2", "--cp-impl", "ring"))]
     if not tour.quick:
         runs.append(("Ulysses, CP=2 = 1 process", ("ddp", 2, "--cp", "2", "--cp-impl", "ulysses")))
-    return [tour.equal_losses(4, what, tour.train(*args)) for what, args in runs]
+    out = [tour.equal_losses(4, what, tour.train(*args)) for what, args in runs]
+    if not tour.quick:
+        out += bubble_checks(tour)
+    return out
+
+
+# |bubble - theory| allowed: the tolerance of tests/test_pp.py::test_bubble_from_timed_chunks_is_the_theory (the last
+# stage also runs the head and the loss; a chunk's CPU seconds vary by a few percent between steps)
+TOL = 0.08
+
+
+def bubble_checks(tour) -> list[Check]:
+    """One launch of the trainer's pipeline (coursekit.pp.probe) on a model wide enough for chunks of tens of
+    milliseconds; the bubble each rank's chunk order imposes with the chunks' measured CPU seconds (bubble.replay),
+    median over steps 2-3, against theory; the wall-clock bubble (send/recv, Python and other jobs count as idle)
+    is shown beside it."""
+    import json
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from coursekit.launch import launch
+    from coursekit.memory import preset, to_hf_config_dict
+    from coursekit.pp.bubble import breakdown, replay, theory
+
+    cfg = to_hf_config_dict(preset("tiny-llama")) | {"hidden_size": 256, "intermediate_size": 688,
+                                                     "num_attention_heads": 4, "num_key_value_heads": 4,
+                                                     "num_hidden_layers": 4}
+    tour.say("  running GPipe on 2 stages at m = 1 and 4 (a wider model: hidden 256, 4 layers)")
+    with tempfile.TemporaryDirectory(prefix="coursekit-tour-pp-") as d:
+        path = Path(d) / "llama-wide.json"
+        path.write_text(json.dumps(cfg))
+        res = launch("coursekit.pp.probe", ["--sweep", "gpipe:1,gpipe:4", "--model", str(path), "--pp", "2",
+                                            "--micro-batch", "2", "--seq", "128", "--steps", "3"],
+                     nproc=2, timeout=tour.timeout, stream=False).results
+    out = []
+    for i, run in enumerate(res[0]["runs"]):
+        th = theory(2, run["m"], run["v"])
+        steps = [([r["runs"][i]["steps"][k]["timeline"] for r in res], [r["runs"][i]["steps"][k]["events"] for r in res])
+                 for k in (1, 2)]
+        cpu = [statistics.median(replay(tl, ev, clock="cpu")[r] for tl, ev in steps) for r in (0, 1)]
+        wall = [statistics.median(breakdown(tl, ev)[r]["bubble"] for tl, ev in steps) for r in (0, 1)]
+        out.append(Check(4, f"GPipe bubble, p = 2, m = {run['m']}", f"(p-1)/(m+p-1) = {th:.3f} (±{TOL})",
+                         "from chunks' CPU s " + " / ".join(f"{b:.3f}" for b in cpu) + " (ranks)",
+                         all(abs(b - th) <= TOL for b in cpu),
+                         note="wall clock " + " / ".join(f"{b:.3f}" for b in wall)))
+    return out
