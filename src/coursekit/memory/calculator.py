@@ -78,8 +78,17 @@ class Estimate:
     gpu_memory_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     dp_rank: int = 0  # the data-parallel rank reported (DeepSpeed ZeRO-1/2: the fullest unless config.dp_rank)
-    pp_stages: list = field(default_factory=list)  # every stage: layers, in-flight micro-batches, saved bytes
     detail: dict = field(default_factory=dict)  # the engine's own breakdown (FSDP2: units, QLoRA by kind)
+    _stages_of: tuple | None = field(default=None, repr=False, compare=False)  # (shape, acts) for pp_stages
+
+    @property
+    def pp_stages(self) -> list[dict]:
+        """Every pipeline stage: layers, in-flight micro-batches, saved bytes (computed when asked: the planner
+        estimates thousands of layouts with up to a hundred stages and reads only the peak)."""
+        if self._stages_of is None:
+            return []
+        shape, acts = self._stages_of
+        return megatron.per_stage(shape, self.config, acts)
 
     @property
     def activations_bytes(self) -> int:
@@ -201,4 +210,4 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
         notes.append("hf-cuda activation profile is modelled from CUDA kernel signatures (measured profile: hf-cpu)")
     return Estimate(shape.name, shape.num_params(), stage.params, c, st.convention, acts, cats, phases, stage.index,
                     st.cpu, st.nvme, g.name if g else None, g.memory_bytes if g else None, notes, dp_rank,
-                    megatron.per_stage(shape, c, acts), detail=engine.detail(shape, c))
+                    detail=engine.detail(shape, c), _stages_of=(shape, acts))

@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--grad-accum", "--microbatches", dest="microbatches", type=int,
       help="micro-batches per optimizer step, under pp the schedule's (default: pp; alias --microbatches)")
     a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES))
+    a("--pp-runtime", default="torch", choices=["torch", "megatron"],
+      help="torch: torch.distributed.pipelining keeps every micro-batch's inputs for the step; megatron: in flight only")
     a("--offload", default="none", choices=list(OFFLOAD), help="optimizer-state offload")
     a("--offload-params", default="none", choices=list(OFFLOAD), help="parameter offload (ZeRO-3 / FSDP2)")
     a("--reduce-bucket-size", type=int, help="DeepSpeed reduce_bucket_size in elements (default 5e8, DeepSpeed's)")
@@ -91,7 +93,8 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
               dp=ns.dp, world=ns.world, fsdp_reshard=not ns.no_reshard, ddp_bucket_view=not ns.no_bucket_view,
               hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, cp_impl=ns.cp_impl,
               position_ids=ns.position_ids, microbatches=ns.microbatches,
-              pp_schedule=ns.pp_schedule, offload=ns.offload, offload_params=ns.offload_params, dp_rank=ns.dp_rank,
+              pp_schedule=ns.pp_schedule, pp_runtime=ns.pp_runtime, offload=ns.offload,
+              offload_params=ns.offload_params, dp_rank=ns.dp_rank,
               gpu=ns.gpu, strategy=ns.strategy, dp_replicate=ns.dp_replicate, dp_shard=ns.dp_shard)
     kw.update({k: getattr(ns, k) for k in ("zero", "engine") if getattr(ns, k) is not None})
     kw.update(_fsdp_kwargs(ns))

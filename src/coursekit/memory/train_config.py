@@ -11,6 +11,7 @@ from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
 from coursekit.memory.qlora import TARGETS as LORA_TARGETS
 
 PP_SCHEDULES = ("1f1b", "gpipe")
+PP_RUNTIMES = ("torch", "megatron")
 DEFAULT_RUNTIME_BYTES = 1 * GiB
 DEFAULT_BUCKET_ELEMS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (5e8)
 
@@ -74,6 +75,10 @@ class TrainConfig:
     """Micro-batches per optimizer step, the trainer's --grad-accum (under pp: the schedule's); None: pp."""
     pp_schedule: str = "1f1b"
     """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them."""
+    pp_runtime: str = "torch"
+    """torch: torch.distributed.pipelining as coursekit's trainer (and torchtitan) runs it: every micro-batch's ids,
+    labels and receive buffer stay allocated for the whole step (measured); megatron: a micro-batch's inputs exist
+    only while it is in flight (Megatron-LM, DeepSpeed's pipeline engine)."""
     offload: str = "none"
     """Optimizer-state offload: none, cpu, nvme."""
     offload_params: str = "none"
@@ -119,6 +124,7 @@ class TrainConfig:
         choice("recompute", self.recompute, RECOMPUTE)
         choice("engine", self.engine, engines.REGISTRY)
         choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        choice("pp_runtime", self.pp_runtime, PP_RUNTIMES)
         choice("cp_impl", self.cp_impl, CP_IMPLS)
         choice("position_ids", self.position_ids, POSITION_IDS)
         choice("offload", self.offload, OFFLOAD)

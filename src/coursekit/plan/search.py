@@ -83,7 +83,11 @@ class _Evaluator:
         if key not in self.cache:
             impl = dict(impl="fused", attention="sdpa") if self.attention == "flash" else dict(impl="hf",
                                                                                                 attention="eager")
-            self.cache[key] = estimate(self.shape, seq=self.seq, dtype=self.dtype, **impl, **kw).peak_bytes
+            # a pipeline runtime that keeps only in-flight micro-batches' inputs (Megatron-LM, DeepSpeed): torch's
+            # pipelining (2.13) keeps every micro-batch's receive buffer for the step, which at hundreds of
+            # micro-batches is tens of GiB (`coursekit memory --pp-runtime torch`, the default, counts it)
+            self.cache[key] = estimate(self.shape, seq=self.seq, dtype=self.dtype, pp_runtime="megatron", **impl,
+                                       **kw).peak_bytes
         peak = self.cache[key]
         if peak > self.capacity and (self.closest is None or peak - self.capacity < self.closest[0]):
             self.closest = (peak - self.capacity, L)

@@ -94,7 +94,7 @@ def saved_bytes(acts: ActivationReport, stage: Stage, c=None) -> int:
     """Saved activations on ``stage`` at its peak: its in-flight micro-batches' saved tensors and, under pipelining
     (``c`` given), what the other micro-batches of the step pin meanwhile (``pinned_bytes``)."""
     held = stage.in_flight * acts.stage_bytes(stage.layers, stage.first, stage.last)
-    if c is None or c.pp == 1 or stage.in_flight >= c.microbatches:
+    if c is None or c.pp == 1 or c.pp_runtime != "torch" or stage.in_flight >= c.microbatches:
         return held
     return held + (c.microbatches - stage.in_flight) * pinned_bytes(acts, stage, c)
 
