@@ -1,7 +1,7 @@
 """Module 5 figures (printed, not asserted): overlap % per strategy and bucket size, time from a planted hang to
 its diagnosis, profiler overhead per step.
 
-    .venv/bin/python bench/bench_profiling.py [--quick] [--json FILE]
+    .venv/bin/python bench/bench_profiling.py [--quick] [--only overlap,hangs,overhead] [--json FILE]
 
   * overlap: 2-rank runs of the trainer (a 1.2 M-parameter Llama, steps 1-3 traced), ``coursekit trace`` totals
     per rank: DDP with 0.1 / 1 / 25 / 1000 MB buckets, ZeRO-2 (DeepSpeed) with overlap_comm off and on, FSDP2
@@ -107,21 +107,29 @@ def overhead_rows(tmp: Path, repeats: int = 2) -> list[dict]:
     return [{"step_ms_off": off, "step_ms_on": on, "overhead_pct": 100 * (on - off) / off}]
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer runs (about 2 minutes on an idle 2-core machine)")
     p.add_argument("--json", help="also write the figures here")
-    a = p.parse_args()
+    p.add_argument("--only", default="overlap,hangs,overhead", help="a comma list of the tables to run")
+    a = p.parse_args(argv)
+    only = set(a.only.split(","))
+    if only - {"overlap", "hangs", "overhead"}:
+        p.error(f"--only: unknown table(s) {', '.join(sorted(only - {'overlap', 'hangs', 'overhead'}))}")
     load = os.getloadavg()[0]
     print(f"load average at start: {load:.1f} on {os.cpu_count()} cores", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-profiling-") as d:
         tmp = Path(d)
-        print("overlap (coursekit trace, totals over steps 1-3)")
-        res = {"load_start": load, "overlap": overlap_rows(tmp, a.quick)}
-        print("planted hangs (coursekit launch --diagnose)")
-        res["hangs"] = hang_rows(tmp, a.quick)
-        print("profiler overhead")
-        res["overhead"] = overhead_rows(tmp, 1 if a.quick else 2)
+        res = {"load_start": load}
+        if "overlap" in only:
+            print("overlap (coursekit trace, totals over steps 1-3)")
+            res["overlap"] = overlap_rows(tmp, a.quick)
+        if "hangs" in only:
+            print("planted hangs (coursekit launch --diagnose)")
+            res["hangs"] = hang_rows(tmp, a.quick)
+        if "overhead" in only:
+            print("profiler overhead")
+            res["overhead"] = overhead_rows(tmp, 1 if a.quick else 2)
     res["load_end"] = os.getloadavg()[0]
     print(f"load average at the end: {res['load_end']:.1f}")
     if a.json:

@@ -149,3 +149,76 @@ def test_bench_planner_published_layouts():
         assert isinstance(r["fits"], bool) and r["peak_gib"] > 0 and "rank" not in r, r
         if r["metric"] == "mfu":
             assert 0 < r["predicted"] < 1, r
+
+
+def _rows(text: str, section: str) -> list[dict]:
+    """bench_fsdp's ``key=value`` rows under ``== section``."""
+    rows, on = [], False
+    for ln in text.splitlines():
+        if ln.startswith("== "):
+            on = ln == f"== {section}"
+        elif on and ln.startswith("  "):
+            rows.append(dict(kv.split("=", 1) for kv in ln.strip().split("  ")))  # values may hold one space
+    return rows
+
+
+def test_bench_fsdp_bytes_and_collectives():
+    """Measured per-rank FSDP2 state and unsharded-unit bytes (fake process groups) equal the calculator's, on an
+    even and an odd number of shards; HSDP appears at 4."""
+    text = bench("bench_fsdp.py", "--shards", "3,4")
+    rows = _rows(text, "bytes")
+    assert {(r["N"], r["rank"], r["reshard"]) for r in rows} == {(n, r, rs) for n, r in (("3", "0"), ("3", "2"),
+                                                                                     ("4", "0"), ("4", "3"))
+                                                                  for rs in ("True", "False")}
+    for r in rows:
+        assert int(r["states_measured"]) == int(r["states_predicted"]) > 0, r
+        assert int(r["units_measured"]) == int(r["units_predicted"]) > 0, r
+    coll = {(r["N"], r["layout"]): r for r in _rows(text, "collectives")}
+    assert ("4", "hsdp 2 x 2") in coll and ("3", "fsdp2 reshard") in coll
+    # without resharding the backward all-gather is skipped: less sent than with it
+    for n in ("3", "4"):
+        assert int(coll[(n, "fsdp2 no reshard")]["send_bytes_per_rank"]) < int(
+            coll[(n, "fsdp2 reshard")]["send_bytes_per_rank"])
+
+
+def test_bench_parallel_bubbles(tmp_path, no_orphans):
+    """The bubble table (--quick: GPipe at m = 1, 4 and 1F1B at m = 4 on 2 stages): theory as the formula gives it,
+    every share between 0 and 1, and GPipe holding more saved bytes on its first stage than 1F1B at the same m."""
+    out = tmp_path / "parallel.json"
+    bench("bench_parallel.py", "--quick", "--only", "bubbles", "--out", str(out), timeout=600)
+    rows = {(r["schedule"], r["m"]): r for r in json.loads(out.read_text())["bubbles"]}
+    assert sorted(rows) == [("1f1b", 4), ("gpipe", 1), ("gpipe", 4)]
+    for (kind, m), r in rows.items():
+        assert r["theory"] == pytest.approx(1 / (m + 1)), r
+        for key in ("measured", "replay", "p2p_wait", "other"):
+            assert 0 <= r[key] < 1, (key, r)
+        assert r["measured"] >= r["p2p_wait"], r  # waiting for a neighbour is idle time
+        assert all(b > 0 for b in r["peak_saved_bytes"]), r
+    assert rows[("gpipe", 4)]["peak_saved_bytes"][0] > rows[("1f1b", 4)]["peak_saved_bytes"][0]
+
+
+def test_bench_recovery_quick(tmp_path, no_orphans):
+    """--quick: one SIGKILL-and-restart of DDP (lost steps within --save-every, recovery time positive) and DDP's MFU
+    against the measured CPU peak (achieved / peak)."""
+    out = tmp_path / "recovery.json"
+    text = bench("bench_recovery.py", "--quick", "--json", str(out), timeout=600)
+    d = json.loads(out.read_text())
+    (rec,) = [r for r in d["recovery"] if r["path"] == "checkpoint restart"]
+    assert rec["strategy"] == "ddp" and rec["recovery_s"] > 0 and 0 <= rec["lost_steps"] <= 2, rec
+    (use,) = d["mfu"]
+    assert use["world"] == 2 and use["gflop_per_step"] > 0 and use["peak_gflops"] > 0, use
+    assert use["mfu_pct"] == pytest.approx(100 * use["achieved_gflops_per_device"] / use["peak_gflops"], rel=1e-6)
+    assert "peak:" in text
+
+
+def test_bench_profiling_overlap(tmp_path, no_orphans):
+    """--quick --only overlap: DDP with 0.1 MB and 1000 MB buckets, traced; overlap % a share, the exposed part of
+    the communication no larger than the whole, and only the table asked for."""
+    out = tmp_path / "profiling.json"
+    bench("bench_profiling.py", "--quick", "--only", "overlap", "--json", str(out), timeout=600)
+    d = json.loads(out.read_text())
+    assert "hangs" not in d and "overhead" not in d
+    assert [(r["strategy"], r["setting"]) for r in d["overlap"]] == [("ddp", "0.1 MB"), ("ddp", "1000 MB")]
+    for r in d["overlap"]:
+        assert r["step_ms"] > 0 and r["comm_ms"] > 0 and 0 <= r["exposed_ms"] <= r["comm_ms"] + 1e-6, r
+        assert all(0 <= r[f"overlap_rank{k}"] <= 100 for k in (0, 1)), r
