@@ -386,7 +386,8 @@ def name_straggler(per_rank: list) -> dict:
 # %% nbgrader={"grade": false, "grade_id": "demo_straggler", "locked": true, "schema_version": 3, "solution": false}
 _s = elastic()["whole"][0]["final"]["stragglers"]
 for _r in _s["per_rank"]:
-    print(f"rank {_r['rank']}: step {_r['step_ms']:.0f} ms = compute {_r['compute_ms']:.0f} + wait {_r['wait_ms']:.0f}")
+    print(f"rank {_r['rank']}: step {_r['step_ms']:.0f} ms, compute {_r['compute_ms']:.0f}, wait {_r['wait_ms']:.0f} "
+          "(medians over steps 1-5)")
 print("trainer:", _s["reason"])
 try:
     print("yours:", name_straggler(_s["per_rank"]))
