@@ -51,3 +51,28 @@ def assert_equal_to_single(res, base: dict, nproc: int | None = None) -> None:
         assert losses(rec) == pytest.approx(losses(base), abs=LOSS_ATOL), f"rank {rank}"
         assert rec["final"]["param_sq_sum"] == pytest.approx(base["final"]["param_sq_sum"], rel=PARAM_RTOL), rank
     assert losses(base)[-1] < losses(base)[0]
+
+
+def llama_file(folder, **overrides) -> str:
+    """A config.json of the tiny Llama with ``overrides`` (e.g. num_hidden_layers=3), written in ``folder``."""
+    import json
+    from pathlib import Path
+
+    from coursekit.memory import preset, to_hf_config_dict
+
+    d = to_hf_config_dict(preset("tiny-llama")) | overrides
+    path = Path(folder) / ("llama-" + "-".join(f"{k}{v}" for k, v in sorted(overrides.items())) + ".json")
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+def cli_ranks(*args, timeout: float = 400) -> list[dict]:
+    """Every rank's record of ``coursekit ARGS --json`` run as a user runs it (the CLI in a subprocess)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", *map(str, args)], capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout[out.stdout.index("{"):])["ranks"]

@@ -1,20 +1,17 @@
 """Elastic recovery: a worker SIGKILLed mid-run, torchrun restarts the group, the run resumes from the last complete
 checkpoint and its losses are bit-identical to an uninterrupted run."""
 import json
-import subprocess
-import sys
 
 import pytest
+
+from parity import cli_ranks
 
 ARGS = ["train", "--strategy", "ddp", "--nproc", "2", "--steps", "6", "--seq", "16", "--save-every", "2", "--json",
         "--seed", "5"]
 
 
 def cli(*args, timeout=400):
-    out = subprocess.run([sys.executable, "-m", "coursekit.cli", *map(str, args)], capture_output=True, text=True,
-                         timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout[out.stdout.index("{"):])["ranks"]
+    return cli_ranks(*args, timeout=timeout)
 
 
 def test_sigkilled_worker_resumes_bit_identical(tmp_path, no_orphans):

@@ -1,12 +1,11 @@
 """The parallel core's seams: layouts composed on one mesh equal the single-process run on every rank, and layouts
 that cannot work are refused before anything is launched."""
-import json
 import subprocess
 import sys
 
 import pytest
 
-from parity import assert_equal_to_single, baseline, train
+from parity import assert_equal_to_single, baseline, llama_file, train
 
 
 def test_ddp_x_tp2_on_4_processes_equals_single(no_orphans):
@@ -29,13 +28,7 @@ def test_two_stage_gpipe_equals_single(no_orphans):
 
 @pytest.fixture(scope="module")
 def three_layers(tmp_path_factory):
-    from coursekit.memory import preset, to_hf_config_dict
-
-    d = to_hf_config_dict(preset("tiny-llama"))
-    d["num_hidden_layers"] = 3
-    path = tmp_path_factory.mktemp("model") / "llama-3-layers.json"
-    path.write_text(json.dumps(d))
-    return str(path)
+    return llama_file(tmp_path_factory.mktemp("model"), num_hidden_layers=3)
 
 
 @pytest.mark.slow  # default-tier budget: minutes on 2 cores (moved by the lead after a timed run)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from coursekit.launch import launch
-from parity import assert_equal_to_single, baseline, train
+from parity import assert_equal_to_single, baseline, llama_file, train
 
 SCHEDULE_ARGS = ["--pp", "2", "--grad-accum", "4"]
 
@@ -13,13 +13,7 @@ SCHEDULE_ARGS = ["--pp", "2", "--grad-accum", "4"]
 @pytest.fixture(scope="module")
 def four_layers(tmp_path_factory):
     """4 blocks: 2 stages per rank on 2 ranks need at least 4."""
-    from coursekit.memory import preset, to_hf_config_dict
-
-    d = to_hf_config_dict(preset("tiny-llama"))
-    d["num_hidden_layers"] = 4
-    path = tmp_path_factory.mktemp("model") / "llama-4-layers.json"
-    path.write_text(json.dumps(d))
-    return str(path)
+    return llama_file(tmp_path_factory.mktemp("model"), num_hidden_layers=4)
 
 
 def test_interleaved_1f1b_with_two_stages_per_rank_equals_single(four_layers, no_orphans):

@@ -1,21 +1,18 @@
 """Elastic recovery, the rest of Module 5's item 5: a checkpoint being written when the kill came is never loaded
 (the previous complete one is), and the gloo restart race does not come back under repeated restarts."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from parity import cli_ranks
 
 ARGS = ["train", "--strategy", "ddp", "--nproc", "2", "--steps", "6", "--seq", "16", "--save-every", "2", "--json",
         "--seed", "7"]
 
 
 def cli(*args, timeout=500):
-    out = subprocess.run([sys.executable, "-m", "coursekit.cli", *map(str, args)], capture_output=True, text=True,
-                         timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout[out.stdout.index("{"):])["ranks"]
+    return cli_ranks(*args, timeout=timeout)
 
 
 def test_kill_in_save_needs_restarts():
