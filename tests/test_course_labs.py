@@ -6,8 +6,9 @@ solved (strictly between). Under real nbgrader autograde (private temporary cour
 and the independent re-check must say so.
 
 Tiers: a lab whose header sets ``ci_autograde: true`` is graded with nbgrader in the default tier; any other lab
-(its notebook takes minutes) is re-checked without nbgrader in the default tier and graded with nbgrader in the
-slow tier (``scripts/test.sh --slow``). A new lab (``solutions/<lab>/<lab>.py``) is covered by adding its file:
+(its notebook takes minutes) is re-checked without nbgrader in the default tier — unless its header sets
+``ci_recheck: false`` (its live runs take minutes even then) — and graded with nbgrader in the slow tier
+(``scripts/test.sh --slow``). A new lab (``solutions/<lab>/<lab>.py``) is covered by adding its file:
 nothing here names a lab.
 """
 import html
@@ -76,8 +77,9 @@ def _partial(lab) -> nbformat.NotebookNode:
 
 
 FAST = [n for n in LABS if read_lab(COURSE, n).settings.ci_autograde]
+DEFAULT = [n for n in LABS if n in FAST or read_lab(COURSE, n).settings.ci_recheck]  # graded in the default tier
 SLOW = [n for n in LABS if n not in FAST]
-CASES = [pytest.param(n, "default", id=f"{n}-{'nbgrader' if n in FAST else 'recheck'}") for n in LABS]
+CASES = [pytest.param(n, "default", id=f"{n}-{'nbgrader' if n in FAST else 'recheck'}") for n in DEFAULT]
 CASES += [pytest.param(n, "slow", marks=pytest.mark.slow, id=f"{n}-nbgrader") for n in SLOW]
 
 
@@ -88,7 +90,7 @@ def batches(tmp_path_factory):
 
     def get(tier):
         if tier not in done:
-            labs, nbgrader = (LABS, FAST) if tier == "default" else (SLOW, SLOW)
+            labs, nbgrader = (DEFAULT, FAST) if tier == "default" else (SLOW, SLOW)
             root = tmp_path_factory.mktemp(f"labs-{tier}")
             subs = root / "submitted"
             for name in labs:

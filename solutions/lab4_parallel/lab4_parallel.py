@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   coursekit:
+#     ci_recheck: false
 #     call_timeout: 120
 #     submission_timeout: 1800
 #     autograde_timeout: 1500

@@ -29,6 +29,10 @@ class LabSettings:
     ci_autograde: bool = False
     """grade this lab under nbgrader's autograde in the default test tier too (the slow tier always does); leave
     False for a lab whose notebook takes minutes: the default tier then re-checks it without nbgrader"""
+    ci_recheck: bool = True
+    """grade this lab (solution, release, partial) in the default test tier at all; False for a lab whose live runs
+    take minutes even without nbgrader: it is then graded in the slow tier only (its structure, sync, leaks and
+    hidden tests are still checked in the default tier)"""
 
     @classmethod
     def from_metadata(cls, meta: dict) -> "LabSettings":
