@@ -8,7 +8,7 @@ MODULE, TITLE = 4, "Tensor, pipeline and context parallelism"  # found by course
 
 
 def checks(tour) -> list[Check]:
-    runs = [("DDP x TP=2 on 4 processes = 1 process", ("ddp", 4, "--tp", "2")),
+    runs = [("TP=2 on 2 processes = 1 process", ("ddp", 2, "--tp", "2")),
             ("GPipe, 2 stages, 2 micro-batches = 1 process", ("ddp", 2, "--pp", "2", "--grad-accum", "2")),
             ("ring attention, CP=2 = 1 process", ("ddp", 2, "--cp", "2", "--cp-impl", "ring"))]
     if not tour.quick:
