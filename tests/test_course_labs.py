@@ -176,7 +176,11 @@ def test_executed_solution_reads_well(batches, name, tier):
         code = [ln for ln in strip_hidden(tests[gid].source).split("\n") if ln.strip() and not ln.startswith("#")]
         text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
         if code:  # a visible test: one short line
-            assert [o.output_type for o in cell.outputs] == ["stream"] and text.count("\n") == 1, (gid, text)
+            # one short line on stdout; the kernel may deliver one print as two stream messages under load, and
+            # Jupyter shows consecutive stream outputs as one block, so they are read together
+            shown_out = [o for o in cell.outputs if o.output_type != "stream" or o.get("text", "").strip()]
+            assert {(o.output_type, o.get("name")) for o in shown_out} == {("stream", "stdout")}, (gid, cell.outputs)
+            assert text.count("\n") == 1, (gid, text)
             assert len(text) <= 160 and text.startswith(gid.rsplit("_visible", 1)[0].split("_")[0]), (gid, text)
         else:  # hidden tests only: silent
             assert cell.outputs == [], gid
