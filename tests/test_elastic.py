@@ -28,7 +28,7 @@ def test_sigkilled_worker_resumes_bit_identical(tmp_path, no_orphans):
         assert [s["step"] for s in rec["steps"]] == [2, 3, 4, 5]
         assert all(s["loss"] == full[s["step"]] for s in rec["steps"])  # bit-identical, not approximately
         assert f["param_sq_sum"] == whole[rec["rank"]]["final"]["param_sq_sum"]
-        assert 0 < f["recovery_s"] < 300  # kill -> first resumed step
+        assert 0 < f["recovery_s"] < 300 and f["recovery_from"] == "kill"  # kill -> first resumed step
 
 
 def test_kill_needs_restarts_and_a_checkpoint_folder():

@@ -15,7 +15,7 @@ FROZEN = {
               "--dtype", "--attention", "--lr", "--weight-decay", "--seed", "--data", "--recompute", "--compile"],
     "parallel": ["--strategy", "--dp-replicate", "--dp-shard", "--tp", "--pp", "--cp"],
     "ckpt": ["--ckpt-dir", "--save-every", "--async-ckpt"],
-    "profile": ["--profile-dir", "--profile-steps"],
+    "profile": ["--profile-dir", "--profile-steps", "--count-step"],
     "faults": ["--crash-at-step", "--kill-at-step", "--kill-rank", "--kill-in-save", "--slow-rank",
                "--slow-ms"],
     "output": ["--quiet"],

@@ -281,6 +281,7 @@ def test_failed_job_is_requeued_and_resumes(cluster, job_env, tmp_path):
     # requeues the whole job, and the second attempt resumes from step 2 and finishes.
     ckpt = tmp_path / "ckpt"
     env = {**job_env, "COURSEKIT_MAX_RESTARTS": "0"}
+    t0 = time.monotonic()
     job = cluster.sbatch("slurm/requeue.sbatch", *_train_args(ckpt, 6, 2, "--crash-at-step", "3"),
                          options=["--nodes=1", GPUS, JOB_TIME], env=env)
     res = cluster.wait(job, timeout=160)
@@ -292,13 +293,23 @@ def test_failed_job_is_requeued_and_resumes(cluster, job_env, tmp_path):
     for r in recs:
         assert r["final"]["resumed_from_step"] == 2
         assert [s["step"] for s in r["steps"]] == [2, 3, 4, 5]
+        _assert_lost_time(r["final"], time.monotonic() - t0)
 
 
+def _assert_lost_time(final: dict, job_s: float) -> None:
+    """A failure nobody injected as a kill: the time lost runs from the failed attempt's last completed step (rank
+    0's last_step.json) to the first resumed step — more than nothing, less than the whole job took."""
+    assert final["restart_count"] == 1 and final["recovery_from"] == "last_step", final
+    assert 0 < final["recovery_s"] < job_s, (final["recovery_s"], job_s)
+
+
+@pytest.mark.slow  # default-tier budget: ~29 s; multi-node torchrun runs in test_torchrun_multi_node_training_completes, in-job restarts in test_elastic
 @pytest.mark.timeout(180)
 def test_failed_workers_restart_inside_the_job(cluster, job_env, tmp_path):
     # The same crash with the script's default in-job restarts: torchrun restarts the workers on both nodes
     # (elastic), they resume from the step-2 checkpoint, and Slurm never has to requeue the job.
     ckpt = tmp_path / "ckpt"
+    t0 = time.monotonic()
     job = cluster.sbatch("slurm/requeue.sbatch", *_train_args(ckpt, 6, 2, "--crash-at-step", "3"),
                          options=["--nodes=2", "--gpus-per-node=1", JOB_TIME], env=job_env)
     res = cluster.wait(job, timeout=160)
@@ -307,8 +318,10 @@ def test_failed_workers_restart_inside_the_job(cluster, job_env, tmp_path):
     for r in _results(job_env):
         assert r["final"]["resumed_from_step"] == 2
         assert [s["step"] for s in r["steps"]] == [2, 3, 4, 5]
+        _assert_lost_time(r["final"], time.monotonic() - t0)
 
 
+@pytest.mark.slow  # default-tier budget: ~42 s; the requeue path itself runs in test_failed_job_is_requeued_and_resumes
 @pytest.mark.timeout(180)
 def test_time_limit_warning_requeues_and_resumes(cluster, job_env, tmp_path):
     # What --signal=B:USR1@T does before the time limit, sent by hand once a checkpoint exists: the batch shell
@@ -474,9 +487,12 @@ def test_scontrol_requeue_mid_run_resumes_bit_identical(cluster, job_env, tmp_pa
     assert second[0]["step"] == start
     _assert_resumed_bit_identical(recs, uninterrupted, resumed_from=start)
     assert all(r["final"]["restart_count"] == 1 for r in recs)  # the requeue counted as the second attempt
+    for r in recs:  # lost: from the last step rank 0 finished before Slurm stopped it to the first resumed step
+        _assert_lost_time(r["final"], time.monotonic() - t_requeue + 5)  # + the poll's lag behind rank 0's step
     print(f"\nscontrol requeue after step {done - 1}: resumed from {start} ({done - start} steps recomputed); "
           f"job done {time.monotonic() - t_requeue:.1f} s after the requeue, its second attempt's first step "
-          f"{recs[0]['final']['first_step_after_s']:.1f} s after its start")
+          f"{recs[0]['final']['first_step_after_s']:.1f} s after its start; time lost (last step before the requeue "
+          f"-> first resumed step) {recs[0]['final']['recovery_s']:.1f} s")
 
 
 GRADER = textwrap.dedent("""

@@ -45,3 +45,4 @@ def test_text_data_eager_attention_ddp_with_a_trace_equals_single(runs, tmp_path
         steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
         assert len(steps) == 2, steps
         assert any(e.get("name", "").startswith(("gloo:", "c10d::")) for e in events)  # the all-reduces show
+

@@ -89,6 +89,9 @@ class ProfilingOptions:
     """Write a torch.profiler Chrome trace per rank (opens in Perfetto) into this folder."""
     profile_steps: str = "2:5"
     """Steps a:b (a included, b excluded) that the profiler records."""
+    count_step: bool = False
+    """Count the last step's collectives (calls, payload bytes) and peak saved-activation bytes on every rank, into
+    the final record (coursekit.profiling.stepcount; that step runs slower)."""
 
 
 @dataclass(kw_only=True)

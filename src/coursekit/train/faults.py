@@ -10,6 +10,11 @@
   previous complete checkpoint, never this one.
 - ``--slow-rank R --slow-ms M``: rank R sleeps M ms at the start of every step (a straggler the others wait for in
   the step's collectives; ``coursekit.profiling.stragglers`` finds it).
+
+Recovery time, in the final record of a restarted attempt: ``recovery_s`` from the injected kill (``killed.json``,
+``recovery_from: "kill"``) to the end of the first resumed step; after a failure nobody injected (a crash, an
+``scontrol requeue``, a preemption, a node lost) from the end of the last step the failed attempt completed
+(``last_step.json``, written by rank 0 after every step; ``recovery_from: "last_step"``) — the time the job lost.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import time
 from pathlib import Path
 
 KILL_FILE = "killed.json"
+LAST_STEP_FILE = "last_step.json"
 
 
 _T0 = time.time()  # about when this process started (the trainer imports this module first thing)
@@ -81,3 +87,33 @@ def maybe_slow(faults, rank: int) -> None:
 def killed_at(ckpt_dir: str | None) -> dict | None:
     f = Path(ckpt_dir, KILL_FILE) if ckpt_dir else None
     return json.loads(f.read_text()) if f and f.exists() else None
+
+
+def note_step(ckpt_dir: str | None, step: int) -> None:
+    """Rank 0 after each completed step: when it ended (atomically replaced, so a reader never sees half a file)."""
+    if ckpt_dir:
+        tmp = Path(ckpt_dir, LAST_STEP_FILE + ".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"step": step, "time": time.time()}))
+        os.replace(tmp, Path(ckpt_dir, LAST_STEP_FILE))
+
+
+def last_step_at(ckpt_dir: str | None) -> dict | None:
+    """The failed attempt's last completed step, read before this attempt writes its own."""
+    f = Path(ckpt_dir, LAST_STEP_FILE) if ckpt_dir else None
+    try:
+        return json.loads(f.read_text()) if f and f.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
+def recovery(ckpt_dir: str | None, before: dict | None) -> tuple[float | None, str | None]:
+    """(seconds, since what) for the first step of a restarted attempt; (None, None) in a first attempt."""
+    if not restart_count():
+        return None, None
+    kill = killed_at(ckpt_dir)
+    if kill:
+        return time.time() - kill["time"], "kill"
+    if before:
+        return time.time() - before["time"], "last_step"
+    return None, None

@@ -31,9 +31,11 @@ def run(opts) -> dict:
     from coursekit.parallel.compose import parallelize
     from coursekit.profiling import maybe_profile
     from coursekit.profiling.mfu import device_peak, step_flops, typical_step_time, utilisation
+    from coursekit.profiling.stepcount import count_step
     from coursekit.profiling.stragglers import CollectiveRecorder, gather_and_find
     from coursekit.train.checkpoint import Checkpointer
-    from coursekit.train.faults import kill_in_save, killed_at, maybe_crash, maybe_kill, maybe_slow, restart_count
+    from coursekit.train.faults import (kill_in_save, last_step_at, maybe_crash, maybe_kill, maybe_slow, note_step,
+                                        recovery, restart_count)
     from coursekit.train.layout import data_layout, parse_steps
     from coursekit.train.loss import global_loss
 
@@ -52,11 +54,12 @@ def run(opts) -> dict:
                 if opts.ckpt.ckpt_dir else None)
         resumed = ckpt.resume(strategy) if ckpt else None
         start = resumed or 0
-        records, tokens_per_step = [], t.global_batch * t.seq
+        records, tokens_per_step, step_counts = [], t.global_batch * t.seq, {}
         a, b = parse_steps(opts.profile.profile_steps)
         sync = torch.cuda.synchronize if info.device.startswith("cuda") else (lambda: None)
         colls = CollectiveRecorder(getattr(strategy, "model", None))  # who waits for whom (profiling.stragglers)
         in_save = kill_in_save(opts.faults, info.rank, opts.ckpt.ckpt_dir)
+        before = last_step_at(opts.ckpt.ckpt_dir)  # a failed earlier attempt's last step, before we write ours
         with maybe_profile(opts.profile.profile_dir, info.rank, steps=(a, b)) as prof:
             for step in range(start, t.steps):
                 maybe_crash(step, opts.faults.crash_at_step, resumed is not None)
@@ -67,8 +70,11 @@ def run(opts) -> dict:
                 mbs = micro_batches(ds, step, micro_batch=t.micro_batch, grad_accum=t.grad_accum, rank=batch_rank,
                                     world=dims.size("batch"), cp_rank=cp_rank, cp=dims.cp, cp_layout=cp_layout,
                                     device=info.device)
-                with colls.step():
+                counting = opts.profile.count_step and step == t.steps - 1
+                with colls.step(), count_step(strategy.model, counting) as counted:
                     local = strategy.train_step(mbs, measure=step == t.steps - 1)
+                if counting:
+                    step_counts = counted
                 sync()
                 dt = time.perf_counter() - t0
                 rec = {"step": step, "loss": global_loss(local, ctx),
@@ -77,9 +83,10 @@ def run(opts) -> dict:
                 if not records:  # start-up cost: from the launch (or this process's start) to the first step's end
                     t_start = float(os.environ.get("COURSEKIT_LAUNCH_T0") or psutil.Process().create_time())
                     first_step_after_s = time.time() - t_start
-                    kill = killed_at(opts.ckpt.ckpt_dir) if restart_count() else None
-                    recovery_s = time.time() - kill["time"] if kill else None
+                    recovery_s, recovery_from = recovery(opts.ckpt.ckpt_dir, before)
                 records.append(rec)
+                if info.is_main:
+                    note_step(opts.ckpt.ckpt_dir, step)
                 if info.is_main and not opts.output.quiet:
                     print("step " + json.dumps(dict(rec, steps=t.steps)), flush=True)
                 prof.step()
@@ -100,11 +107,12 @@ def run(opts) -> dict:
                  "global_batch": t.global_batch, "grad_accum": t.grad_accum, "seq": t.seq,
                  "dtype": t.dtype, "resumed_from_step": resumed, "restart_count": restart_count(),
                  "recovery_s": recovery_s if records else None,
+                 "recovery_from": recovery_from if records else None,
                  "first_step_after_s": first_step_after_s if records else None,
                  "num_params": num_params,
                  "param_sq_sum": strategy.param_sq_sum(),
                  **use, "stragglers": stragglers,
-                 **(ckpt.stats() if ckpt else {}),
+                 **(ckpt.stats() if ckpt else {}), **step_counts,
                  **(strategy.last_state_bytes or {})}
         # free the wrapped model (DDP's reducer, DeepSpeed's engine) while the process group still exists: left to
         # the garbage collector after teardown, a gloo reducer's destructor can block forever
