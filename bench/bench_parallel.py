@@ -4,9 +4,11 @@
     .venv/bin/python bench/bench_parallel.py --quick    # bubbles only, 2 stages, m = 1 and 4 (minutes on 2 cores)
     .venv/bin/python bench/bench_parallel.py --only layouts   # the 8-process rows only
 
-Layouts (``coursekit train``, tiny Llama with 4 layers, seq 64, global batch 16, fp32, 4 steps): step time (mean of
-steps 2..4, slowest rank) and parameter bytes per rank (``coursekit.measure``, from each rank's final record).
-Not yet here: activation and communication bytes per rank for these layouts (issue #13's benchmark list).
+Layouts (``coursekit train --count-step``, tiny Llama with 4 layers, seq 64, global batch 16, fp32, 4 steps): step
+time (mean of steps 2..3, slowest rank; the counted last step is left out), parameter bytes per rank
+(``coursekit.measure``), the peak of saved activations per rank on the counted step against ``coursekit memory`` for
+the same layout (its ``saved_activations``, the heaviest stage), and the payload bytes of the counted step's
+collectives per rank by kind (``coursekit.profiling.stepcount``: all-reduce, all-gather, send/recv, ...).
 Bubbles (``coursekit.pp.probe``, a wider model: hidden 256, seq 128, micro-batch 2): the first stage's idle share
 of the step (1 − compute / span, the median of steps 2..4), the theory (p−1)/(v·m+p−1), the replay of the same
 chunks' CPU seconds with free communication (``coursekit.pp.bubble.replay``: what uneven chunks alone give), the shares
@@ -37,17 +39,42 @@ def model_file(d: str, layers: int = 4) -> str:
     return str(p)
 
 
-def layouts(model: str, timeout: float) -> list[dict]:
+def predicted_activations(model: str, args: list[str], nproc: int, seq: int, global_batch: int) -> int:
+    """``coursekit memory``'s activations for the layout the trainer ran (its heaviest stage)."""
+    from coursekit.memory import estimate
+
+    a = dict(zip(args[::2], args[1::2]))
+    tp, pp, cp, accum = (int(a.get(k, 1)) for k in ("--tp", "--pp", "--cp", "--grad-accum"))
+    dp = nproc // (tp * pp * cp)
+    kw = {"cp_impl": a["--cp-impl"]} if cp > 1 else {}
+    if pp > 1:
+        kw["pp_schedule"] = a.get("--pp-schedule", "gpipe")  # the trainer's default schedule
+    e = estimate(model, micro_batch=global_batch // (dp * accum), seq=seq, dtype="fp32", precision="fp32",
+                 strategy="ddp", dp_replicate=dp, tp=tp, pp=pp, cp=cp, grad_accum=accum, attention="sdpa",
+                 kernels="cpu", position_ids="per-sequence", **kw)
+    return e.categories["saved_activations"]
+
+
+def layouts(model: str, timeout: float, nproc: int = 8, seq: int = 64, global_batch: int = 16) -> list[dict]:
     from coursekit.launch import launch
 
     rows = []
     for name, args in LAYOUTS.items():
-        res = launch("coursekit.train", [*args, "--model", model, "--steps", "4", "--seq", "64", "--global-batch",
-                                         "16", "--quiet"], nproc=8, timeout=timeout, stream=False)
-        recs = res.results
-        step = max(sum(s["step_time_s"] for s in r["steps"][1:]) / 3 for r in recs)
+        res = launch("coursekit.train", [*args, "--model", model, "--steps", "4", "--seq", seq, "--global-batch",
+                                         global_batch, "--count-step", "--quiet"], nproc=nproc, timeout=timeout,
+                     stream=False)
+        recs = sorted(res.results, key=lambda r: r["rank"])
+        step = max(sum(s["step_time_s"] for s in r["steps"][1:3]) / 2 for r in recs)
+        comm = {}
+        for r in recs:
+            for op, v in r["final"]["comm"].items():
+                comm.setdefault(op, []).append(v["bytes"])
         rows.append({"layout": name, "step_ms": 1000 * step,
                      "param_bytes_per_rank": sorted({r["final"]["params_bytes"] for r in recs}),
+                     "peak_saved_bytes_per_rank": [r["final"]["peak_saved_bytes"] for r in recs],
+                     "predicted_activation_bytes": predicted_activations(model, args, nproc, seq, global_batch),
+                     "comm_bytes_per_rank": [r["final"]["comm_bytes"] for r in recs],
+                     "comm_by_op": {op: sorted(set(v)) for op, v in sorted(comm.items())},
                      "loss": recs[0]["steps"][-1]["loss"]})
     return rows
 
@@ -74,19 +101,19 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
     from coursekit.pp.bubble import breakdown, replay, theory
 
     rows = []
-    for kind in schedules:
-        sweep = ",".join(f"{kind}:{m}" for m in ms if kind == "gpipe" or m >= 2)  # 1F1B family: m >= pp
-        res = launch("coursekit.pp.probe", ["--sweep", sweep, "--model", model, "--pp", "2", "--micro-batch", "2",
-                                            "--steps", "4", "--seq", "128"], nproc=2, timeout=timeout, stream=False)
-        for i, run in enumerate(res.results[0]["runs"]):
-            steps = [[r["runs"][i]["steps"][k] for r in res.results] for k in range(1, len(run["steps"]))]
-            b = [breakdown([x["timeline"] for x in st], [x["events"] for x in st])[0] for st in steps]
-            med = lambda key: statistics.median(x[key] / (1 if key == "bubble" else x["span"]) for x in b)  # noqa
-            rows.append({"schedule": kind, "m": run["m"], "measured": med("bubble"), "p2p_wait": med("p2p_wait"),
-                         "other": med("other"), "theory": theory(2, run["m"], run["v"]),
-                         "replay": statistics.median(replay([x["timeline"] for x in st], [x["events"] for x in st],
-                                                            clock="cpu")[0] for st in steps),
-                         "peak_saved_bytes": [r["runs"][i]["steps"][-1]["peak_saved"] for r in res.results]})
+    # every schedule and m in one launch of the probe (the 1F1B family needs m >= pp)
+    sweep = ",".join(f"{kind}:{m}" for kind in schedules for m in ms if kind == "gpipe" or m >= 2)
+    res = launch("coursekit.pp.probe", ["--sweep", sweep, "--model", model, "--pp", "2", "--micro-batch", "2",
+                                        "--steps", "4", "--seq", "128"], nproc=2, timeout=timeout, stream=False)
+    for i, run in enumerate(res.results[0]["runs"]):
+        steps = [[r["runs"][i]["steps"][k] for r in res.results] for k in range(1, len(run["steps"]))]
+        b = [breakdown([x["timeline"] for x in st], [x["events"] for x in st])[0] for st in steps]
+        med = lambda key: statistics.median(x[key] / (1 if key == "bubble" else x["span"]) for x in b)  # noqa
+        rows.append({"schedule": run["schedule"], "m": run["m"], "measured": med("bubble"),
+                     "p2p_wait": med("p2p_wait"), "other": med("other"), "theory": theory(2, run["m"], run["v"]),
+                     "replay": statistics.median(replay([x["timeline"] for x in st], [x["events"] for x in st],
+                                                        clock="cpu")[0] for st in steps),
+                     "peak_saved_bytes": [r["runs"][i]["steps"][-1]["peak_saved"] for r in res.results]})
     return rows
 
 
@@ -104,7 +131,14 @@ def main(argv=None) -> int:
         out["bubbles"] = [] if a.only == "layouts" else bubbles(wide_model_file(d), scheds,
                                                                 [1, 4] if a.quick else [1, 2, 4, 8], a.timeout)
     for r in out["layouts"]:
+        acts = r["peak_saved_bytes_per_rank"]
         print(f"{r['layout']:<16} step {r['step_ms']:8.1f} ms   params/rank {r['param_bytes_per_rank']} B")
+        pred = r["predicted_activation_bytes"]
+        print(f"{'':<16} saved activations/rank {min(acts):,}-{max(acts):,} B (peak), coursekit memory "
+              f"{pred:,} B (heaviest stage): {'equal' if max(acts) == pred else f'{max(acts) / pred - 1:+.1%}'}")
+        print(f"{'':<16} collectives/rank {min(r['comm_bytes_per_rank']):,}-{max(r['comm_bytes_per_rank']):,} B: "
+              + ", ".join(f"{op} {min(v):,}-{max(v):,}" if len(v) > 1 else f"{op} {v[0]:,}"
+                          for op, v in r["comm_by_op"].items()))
     if out["bubbles"]:
         print(f"{'schedule':<18} {'m':>2} {'bubble':>7} {'theory':>7} {'replay':>7} {'p2p':>6} {'other':>6}"
               "  peak saved per stage (B)")

@@ -40,10 +40,14 @@ def train(strategy, nproc, args, max_restarts=0, timeout=900):
     return res.results, time.monotonic() - t0
 
 
+WHOLE = {}  # strategy -> rank 0's record of the uninterrupted run (its MFU row uses it too: no second launch)
+
+
 def recovery(strategy, steps, seq):
     common = ["--steps", steps, "--seq", seq, "--save-every", 2]
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        _, whole = train(strategy, 2, [*common, "--ckpt-dir", a])
+        recs, whole = train(strategy, 2, [*common, "--ckpt-dir", a])
+        WHOLE[strategy] = recs[0]
         recs, wall = train(strategy, 2, [*common, "--ckpt-dir", b, "--kill-at-step", steps - 1, "--kill-rank", 1],
                            max_restarts=1)
     f = recs[0]["final"]
@@ -52,8 +56,12 @@ def recovery(strategy, steps, seq):
 
 
 def mfu(strategy, steps, seq):
-    recs, _ = train(strategy, 1 if strategy == "single" else 2, ["--steps", steps, "--seq", seq])
-    f = recs[0]["final"]
+    """MFU of a run's steady steps; a strategy whose recovery row ran already reuses that uninterrupted run (the
+    same steps and sequence length; checkpoints are written between steps, outside the timed step)."""
+    rec = WHOLE.get(strategy)
+    if rec is None:
+        rec = train(strategy, 1 if strategy == "single" else 2, ["--steps", steps, "--seq", seq])[0][0]
+    f = rec["final"]
     return {"strategy": strategy, "world": f["world_size"], "gflop_per_step": f["model_flops_per_step"] / 1e9,
             "achieved_gflops_per_device": f["achieved_flops_per_device"] / 1e9,
             "peak_gflops": f["peak_flops"] / 1e9, "mfu_pct": 100 * f["mfu"], "peak_source": f["peak_source"]}
