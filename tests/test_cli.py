@@ -70,7 +70,7 @@ def test_demo_tour_module_1_predicts_and_measures(no_orphans):
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     doc = json.loads(out.stdout[out.stdout.rindex('{"checks"'):])
     checks = doc["checks"]
-    assert doc["agree"] is True and {c["module"] for c in checks} == {1} and len(checks) == 4
+    assert doc["agree"] is True and {c["module"] for c in checks} == {1} and len(checks) == 5
     states = next(c for c in checks if c["what"].startswith("model states"))
     assert states["predicted"].split()[0] == states["measured"].split()[0]  # the same byte count, printed twice
     assert "module 1:" in out.stdout  # progress while it runs

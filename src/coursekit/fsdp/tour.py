@@ -12,7 +12,12 @@ MODULE, TITLE = 3, "FSDP2 and DCP checkpoints"  # found by coursekit.tour.discov
 def checks(tour) -> list[Check]:
     from coursekit.memory import estimate
 
-    recs = tour.train("fsdp2", 2)
+    # one FSDP2 run of the first half of the steps, saving a DCP checkpoint at its end: its bytes and losses are
+    # checked, then one process resumes from the checkpoint and runs the second half
+    half = tour.steps // 2
+    with tempfile.TemporaryDirectory(prefix="coursekit-tour-dcp-") as d:
+        recs = tour.train("fsdp2", 2, "--steps", half, "--ckpt-dir", d)
+        resumed = tour.train("single", 1, "--ckpt-dir", d)[0]
     e = estimate("tiny-llama", micro_batch=4, seq=tour.seq, dtype="fp32", precision="fp32", strategy="fsdp2",
                  dp_shard=2)
     want = [e.categories["parameters"], e.categories["gradients"], e.categories["optimizer_states"]]
@@ -23,11 +28,7 @@ def checks(tour) -> list[Check]:
         out.append(Check(3, f"FSDP2 rank {r['rank']}: params / grads / optimizer",
                          " / ".join(f"{x:,}" for x in want) + " B", " / ".join(f"{x:,}" for x in got) + " B held",
                          got == want))
-    out.append(tour.equal_losses(3, "FSDP2 on 2 processes = 1 process", recs))
-    with tempfile.TemporaryDirectory(prefix="coursekit-tour-dcp-") as d:
-        half = tour.steps // 2
-        tour.train("fsdp2", 2, "--steps", half, "--ckpt-dir", d)
-        resumed = tour.train("single", 1, "--ckpt-dir", d)[0]
+    out.append(tour.equal_losses(3, f"FSDP2 on 2 processes = 1 process (steps 0-{half - 1})", recs))
     base = tour.losses(tour.single())[half:]
     worst = max(abs(a - b) for a, b in zip(tour.losses(resumed), base))
     ok = resumed["final"]["resumed_from_step"] == half and len(resumed["steps"]) == len(base) and worst <= 1e-5
