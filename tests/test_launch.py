@@ -180,6 +180,7 @@ def test_check_false_returns_the_failure_with_what_the_ranks_reported(no_orphans
     assert e.value.rank == 1 and e.value.returncode == res.returncode
 
 
+@pytest.mark.slow  # default-tier budget: ~18 s; launch(max_restarts=1) runs in test_elastic through the CLI
 def test_max_restarts_restarts_failed_workers(no_orphans):
     # rank 1 dies in the first attempt only; with one restart allowed torchrun starts both workers again, they
     # form a new process group (a collective proves it) and the job succeeds

@@ -8,6 +8,7 @@ import pytest
 from parity import assert_equal_to_single, baseline, llama_file, train
 
 
+@pytest.mark.slow  # default-tier budget: ~28 s; DDP x TP runs inside the 8-process 3-D test
 def test_ddp_x_tp2_on_4_processes_equals_single(no_orphans):
     res = train("ddp", 4, "--tp", "2")
     assert_equal_to_single(res, baseline())
@@ -98,6 +99,7 @@ def test_3d_dp2_tp2_pp2_on_8_processes_equals_single(no_orphans):
         (p, d, t) for p in range(2) for d in range(2) for t in range(2)]
 
 
+@pytest.mark.slow  # default-tier budget: ~26 s; PP and CP each equal one process in this tier
 def test_pipeline_x_context_parallel_equals_single(no_orphans):
     """Position ids reach every pipeline stage (a CP shard starts mid-sequence; RoPE needs the true positions)."""
     assert_equal_to_single(train("ddp", 4, "--pp", "2", "--cp", "2", "--grad-accum", "2"), baseline())

@@ -16,6 +16,7 @@ def four_layers(tmp_path_factory):
     return llama_file(tmp_path_factory.mktemp("model"), num_hidden_layers=4)
 
 
+@pytest.mark.slow  # default-tier budget: ~30 s; GPipe and 1F1B run in this tier
 def test_interleaved_1f1b_with_two_stages_per_rank_equals_single(four_layers, no_orphans):
     """Rank 0 holds stages 0 and 2, rank 1 stages 1 and 3 (4 micro-batches)."""
     res = train("ddp", 2, "--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", "interleaved-1f1b")

@@ -2,8 +2,8 @@
 
 Runs (module-scoped, shared by the tests): DDP and ZeRO 0-3 on 2 ranks in fp32 with 2 micro-batches per step (so
 DeepSpeed's gradient accumulation is exercised), ZeRO 1-3 on 4 ranks in bf16, and ZeRO-2 / ZeRO-3 with CPU offload.
-Every rank is checked. Default tier: 10 launches (about 3-4 minutes on 2 idle cores), among them a sweep and
-tiny-gpt2 on 3 ranks; the slow tier adds three (ZeRO-1 bf16 at 4 ranks, ZeRO-3 offload, an odd llama at 4 ranks).
+Every rank is checked. Default tier: 8 launches (about 2-3 minutes on 2 idle cores), among them a sweep; the slow
+tier adds five (ZeRO-1 and ZeRO-2 bf16 at 4 ranks, ZeRO-3 offload, tiny-gpt2 at 3 ranks, an odd llama at 4 ranks).
 """
 import json
 import re
@@ -36,7 +36,7 @@ RUNS = {
 }
 # in the slow tier (scripts/test.sh --slow) to keep the default run short; the slow tier also runs ZeRO-3 offload
 # with DeepSpeedCPUAdam (test_zero_offload.py)
-SLOW = {"zero1-4-bf16", "zero3-offload-2-fp32"}
+SLOW = {"zero1-4-bf16", "zero2-4-bf16", "zero3-offload-2-fp32"}  # zero2-4-bf16: default-tier budget (~30 s)
 
 
 def _names(keep=lambda name: True):
@@ -203,9 +203,9 @@ ODD_LLAMA = {"model_type": "llama", "hidden_size": 60, "intermediate_size": 201,
 
 
 @pytest.mark.parametrize("model,n,points", [
-    ("tiny-gpt2", 3, SMALL_GRID),
+    pytest.param("tiny-gpt2", 3, SMALL_GRID, marks=pytest.mark.slow, id="tiny-gpt2-3"),  # default-tier budget: ~25 s
     pytest.param(ODD_LLAMA, 4, FULL_GRID, marks=pytest.mark.slow, id="odd-llama-4-full"),
-], ids=["tiny-gpt2-3", "odd-llama-4-full"])
+])
 def test_other_models_and_world_sizes_match_coursekit_memory(model, n, points, tmp_path, no_orphans):
     """Other tensor lists (tiny-gpt2: tied head, biases, LayerNorms; an odd llama) on other world sizes (Ψ not a
     multiple of 2N: padding; other boundaries straddled), fp32 and bf16, with and without CPU offload: every rank,

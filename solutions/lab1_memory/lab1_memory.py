@@ -4,7 +4,7 @@
 #     call_timeout: 240
 #     submission_timeout: 1500
 #     autograde_timeout: 1200
-#     ci_autograde: true
+#     ci_autograde: false
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python

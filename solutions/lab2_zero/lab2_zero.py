@@ -5,6 +5,7 @@
 #     submission_timeout: 1800
 #     autograde_timeout: 1500
 #     cell_timeout: 300
+#     ci_recheck: false
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
