@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -46,6 +48,7 @@ def demo_table(stdout: str, steps: int) -> dict:
     return table
 
 
+@pytest.mark.slow  # default-tier budget: ~30 s; the tour (test_demo_tour_module_1_predicts_and_measures) runs the demo here
 def test_demo_strategies_table_runs_single_and_ddp(no_orphans):
     steps, seq, batch = 3, 16, 8  # the demo's default global batch: 8 sequences
     out = run("demo", "--strategies", "single,ddp", "--steps", str(steps), "--seq", str(seq), timeout=540)

@@ -80,7 +80,7 @@ def test_degrees_set_the_default_number_of_processes():
     assert plan(["--strategy", "single"])[2] == 1
 
 
-@pytest.mark.parametrize("impl", ["ring", "ulysses"])
+@pytest.mark.parametrize("impl", ["ring", pytest.param("ulysses", marks=pytest.mark.slow)])  # ulysses: budget, ~15 s
 def test_context_parallel_in_the_trainer_equals_single(impl, no_orphans):
     """The sequence is split over 2 ranks (zig-zag for ring, contiguous for Ulysses) with its labels and positions."""
     res = train("ddp", 2, "--cp", "2", "--cp-impl", impl)

@@ -42,8 +42,8 @@ def test_zero_bubble_schedules_behind_a_wrap_are_refused_with_their_reason(kind,
         plan([*layout, "--pp", "2", "--grad-accum", "4", "--pp-schedule", kind])
 
 
-@pytest.mark.parametrize("kind", ["zbv", pytest.param("interleaved-zb", marks=pytest.mark.slow),
-                                  pytest.param("dualpipev", marks=pytest.mark.slow)])  # slow: ~15 s each
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) for k in ("zbv", "interleaved-zb",
+                                                                                  "dualpipev")])  # ~15 s each
 def test_zero_bubble_schedules_with_bare_stages_equal_single(kind, four_layers, no_orphans):
     """dp = 1: the stages are not wrapped, and the zero-bubble schedules (backward split into input-gradient B and
     weight-gradient W chunks) train equal to one process."""

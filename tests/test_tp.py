@@ -46,7 +46,7 @@ def test_tp4_with_replicated_kv_heads_on_a_llama_config_equals_single(tmp_path_f
     assert_equal_to_single(res, baseline("--model", cfg))
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+@pytest.mark.parametrize("sp", [pytest.param(False, marks=pytest.mark.slow), True], ids=["tp", "tp+sp"])  # tp: budget
 def test_collectives_and_saved_bytes_per_tp_rank_equal_the_models(sp, no_orphans):
     """Per layer: 4 all-reduces of b·s·h without SP; 4 all-gathers + 4 reduce-scatters of the same payload with SP
     (plus the stage's 2 boundary all-gathers: entering its first block, the backward gathers the gradient; leaving

@@ -36,7 +36,8 @@ RUNS = {
 }
 # in the slow tier (scripts/test.sh --slow) to keep the default run short; the slow tier also runs ZeRO-3 offload
 # with DeepSpeedCPUAdam (test_zero_offload.py)
-SLOW = {"zero1-4-bf16", "zero2-4-bf16", "zero3-offload-2-fp32"}  # zero2-4-bf16: default-tier budget (~30 s)
+SLOW = {"zero0-2-fp32", "zero1-4-bf16", "zero2-4-bf16", "zero3-4-bf16", "zero3-offload-2-fp32"}
+# zero0 and the bf16 runs: the default tier's budget (~15-30 s a launch); fp32 ZeRO 1-3 and offload stay there
 
 
 def _names(keep=lambda name: True):

@@ -5,6 +5,7 @@
 #     submission_timeout: 1500
 #     autograde_timeout: 1200
 #     ci_autograde: false
+#     ci_recheck: false
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
