@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -30,11 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 def _worker(a) -> None:
     import torch
-    import torch.distributed as dist
 
     from coursekit import dist as ckdist
-    from coursekit.comm import volume
-    from coursekit.comm.counter import CollectiveCounter
+    from coursekit.cp.compare import timed_step
     from coursekit.cp.probe import AttentionBlock, measured_bytes, modelled_bytes
     from coursekit.cp.ring import ring_attention
     from coursekit.cp.shard import layout_for, shard
@@ -53,27 +49,14 @@ def _worker(a) -> None:
                 block = AttentionBlock(hidden, a.heads, a.kv_heads, fns[impl]).to(info.device)
                 x = shard(x_full, cp, rank, layout=layout_for(impl), dim=1).to(info.device)
                 step = lambda block=block, x=x: block(x).sum().backward()  # noqa: E731
-                step()  # warm-up
-                times = []
-                for _ in range(a.iters):
-                    dist.barrier()
-                    t = time.perf_counter()
-                    step()
-                    t = torch.tensor([time.perf_counter() - t])
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-                    times.append(t.item())
-                with CollectiveCounter() as cc:
-                    step()
-                if impl == "ulysses":
-                    plan = volume.ulysses_attention(1, seq, a.heads, a.kv_heads, a.head_dim, cp, act_bytes=4)
-                else:
-                    plan = volume.ring_attention(1, seq, a.kv_heads, a.head_dim, cp, act_bytes=4)
+                m = timed_step(step, a.iters, impl, batch=1, seq=seq, heads=a.heads, kv_heads=a.kv_heads,
+                               head_dim=a.head_dim, cp=cp)
                 saved = measured_bytes(block, x)["attention"]
                 model = modelled_bytes(impl, batch=1, seq=seq, hidden=hidden, heads=a.heads, kv_heads=a.kv_heads,
                                        cp=cp)["attention"]
-                rows.append({"nproc": cp, "seq": seq, "impl": impl, "ms": 1e3 * statistics.median(times),
-                             "sent_bytes": cc.wire_bytes(), "sent_model": volume.send_bytes_per_rank(plan),
-                             "payload_bytes": cc.total_bytes(), "saved_bytes": saved, "saved_model": model})
+                rows.append({"nproc": cp, "seq": seq, "impl": impl, "ms": m["ms"], "sent_bytes": m["sent_bytes"],
+                             "sent_model": m["model_bytes"], "payload_bytes": m["payload_bytes"],
+                             "saved_bytes": saved, "saved_model": model})
         if rank == 0:
             report(rows)
 

@@ -47,8 +47,9 @@ def predicted_activations(model: str, args: list[str], nproc: int, seq: int, glo
     tp, pp, cp, accum = (int(a.get(k, 1)) for k in ("--tp", "--pp", "--cp", "--grad-accum"))
     dp = nproc // (tp * pp * cp)
     kw = {"cp_impl": a["--cp-impl"]} if cp > 1 else {}
-    if pp > 1:
-        kw["pp_schedule"] = a.get("--pp-schedule", "gpipe")  # the trainer's default schedule
+    if pp > 1:  # the trainer's default schedule; in-flight micro-batches only: --count-step counts what the
+        # autograd graph holds, not the inputs torch's schedule keeps for the whole step (pp_runtime "torch")
+        kw |= {"pp_schedule": a.get("--pp-schedule", "gpipe"), "pp_runtime": "megatron"}
     e = estimate(model, micro_batch=global_batch // (dp * accum), seq=seq, dtype="fp32", precision="fp32",
                  strategy="ddp", dp_replicate=dp, tp=tp, pp=pp, cp=cp, grad_accum=accum, attention="sdpa",
                  kernels="cpu", position_ids="per-sequence", **kw)

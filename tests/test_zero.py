@@ -1,9 +1,10 @@
 """ZeRO 0-3 through DeepSpeed in the reference trainer: equal to DDP, bytes as predicted, collectives as modelled.
 
 Runs (module-scoped, shared by the tests): DDP and ZeRO 0-3 on 2 ranks in fp32 with 2 micro-batches per step (so
-DeepSpeed's gradient accumulation is exercised), ZeRO 1-3 on 4 ranks in bf16, and ZeRO-2 / ZeRO-3 with CPU offload.
-Every rank is checked. Default tier: 8 launches (about 2-3 minutes on 2 idle cores), among them a sweep; the slow
-tier adds five (ZeRO-1 and ZeRO-2 bf16 at 4 ranks, ZeRO-3 offload, tiny-gpt2 at 3 ranks, an odd llama at 4 ranks).
+DeepSpeed's gradient accumulation is exercised), ZeRO-3 on 2 and ZeRO 1-3 on 4 ranks in bf16, and ZeRO-2 / ZeRO-3
+with CPU offload. Every rank is checked. Default tier: 8 launches (about 2 minutes on 2 idle cores), among them a
+sweep; the slow tier adds seven (ZeRO-0, ZeRO 1-3 bf16 at 4 ranks, ZeRO-3 offload, tiny-gpt2 at 3 ranks, an odd
+llama at 4 ranks).
 """
 import json
 import re
@@ -30,6 +31,7 @@ RUNS = {
     "zero2-2-fp32": (2, 2, "fp32", 2, dict(reduce_bucket_size=20_000, drop=("gradient_clipping",))),
     "zero3-2-fp32": (3, 2, "fp32", 2, None),
     **{f"zero{s}-4-bf16": (s, 4, "bf16", 1, None) for s in (1, 2, 3)},
+    "zero3-2-bf16": (3, 2, "bf16", 1, None),  # the default tier's bf16 ZeRO run (the 4-rank ones: slow tier)
     # ZeRO-Offload to the CPU with the trainer's torch AdamW (DeepSpeedCPUAdam needs a ~60 s build: slow tier)
     "zero2-offload-2-fp32": (2, 2, "fp32", 2, dict(offload_optimizer="cpu", ds_optimizer=False)),
     "zero3-offload-2-fp32": (3, 2, "fp32", 2, dict(offload_optimizer="cpu", offload_param="cpu", ds_optimizer=False)),
@@ -37,7 +39,8 @@ RUNS = {
 # in the slow tier (scripts/test.sh --slow) to keep the default run short; the slow tier also runs ZeRO-3 offload
 # with DeepSpeedCPUAdam (test_zero_offload.py)
 SLOW = {"zero0-2-fp32", "zero1-4-bf16", "zero2-4-bf16", "zero3-4-bf16", "zero3-offload-2-fp32"}
-# zero0 and the bf16 runs: the default tier's budget (~15-30 s a launch); fp32 ZeRO 1-3 and offload stay there
+# zero0 and the 4-rank bf16 runs: the default tier's budget (~15-30 s a launch); fp32 ZeRO 1-3, offload and ZeRO-3
+# bf16 on 2 ranks stay there
 
 
 def _names(keep=lambda name: True):

@@ -82,6 +82,24 @@ def report(obj, rank: int | None = None) -> None:
     os.replace(tmp, path)  # atomic: a reader never sees half a file
 
 
+def finish(rc: int = 0):
+    """A launched worker's last line, once its results are reported and its process group destroyed: leave at once.
+
+    Python's finalization of a process that imported torch, transformers and datasets takes ~1.8 s here (modules
+    and millions of objects torn down one by one), longer than most of the course's CPU runs train; the launcher
+    waits for the slowest worker, so every launch paid it. Outside a launch, under ``--diagnose``'s wrapper (whose
+    exit dump runs after the target returns), or while the worker still has child processes (DCP's async process,
+    inductor's compile workers: their atexit hooks stop them), this is a plain ``sys.exit``."""
+    import psutil
+
+    if (os.environ.get(RESULTS_ENV) and not os.environ.get("COURSEKIT_FR_DIR")
+            and not psutil.Process().children(recursive=True)):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc or 0)
+    sys.exit(rc)
+
+
 def _jsonable(o):
     if hasattr(o, "tolist"):
         return o.tolist()

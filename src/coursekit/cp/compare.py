@@ -30,13 +30,40 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv) -> list[dict]:
+def timed_step(step, iters: int, impl: str, *, batch: int, seq: int, heads: int, kv_heads: int, head_dim: int,
+               cp: int) -> dict:
+    """One CP attention step measured as the course measures it: one warm-up, ``iters`` timed runs (after a barrier,
+    the slowest rank's time: a MAX all-reduce), their median in ms; then one step under ``CollectiveCounter``
+    against the volume model of ``impl`` (``ms``, ``sent_bytes`` on the wire, ``payload_bytes``, ``model_bytes``)."""
     import torch
     import torch.distributed as dist
 
-    from coursekit import dist as ckdist
     from coursekit.comm import volume
     from coursekit.comm.counter import CollectiveCounter
+
+    step()  # warm-up
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        t = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        times.append(t.item())
+    with CollectiveCounter() as cc:
+        step()
+    if impl == "ulysses":
+        plan = volume.ulysses_attention(batch, seq, heads, kv_heads, head_dim, cp, act_bytes=4)
+    else:
+        plan = volume.ring_attention(batch, seq, kv_heads, head_dim, cp, act_bytes=4)
+    return {"ms": 1e3 * statistics.median(times), "sent_bytes": cc.wire_bytes(), "payload_bytes": cc.total_bytes(),
+            "model_bytes": volume.send_bytes_per_rank(plan)}
+
+
+def run(argv) -> list[dict]:
+    import torch
+
+    from coursekit import dist as ckdist
     from coursekit.cp.ring import ring_attention
     from coursekit.cp.shard import layout_for, shard
     from coursekit.cp.ulysses import ulysses_attention
@@ -57,23 +84,10 @@ def run(argv) -> list[dict]:
                 def step(q=q, k=k, v=v, fn=fns[impl]):
                     fn(q, k, v, causal=True).sum().backward()
 
-                step()  # warm-up
-                times = []
-                for _ in range(a.iters):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    step()
-                    t = torch.tensor([time.perf_counter() - t0])
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-                    times.append(t.item())
-                with CollectiveCounter() as cc:
-                    step()
-                if impl == "ulysses":
-                    plan = volume.ulysses_attention(a.batch, seq, a.heads, kvh, a.head_dim, cp, act_bytes=4)
-                else:
-                    plan = volume.ring_attention(a.batch, seq, kvh, a.head_dim, cp, act_bytes=4)
-                rows.append({"cp": cp, "seq": seq, "impl": impl, "ms": 1e3 * statistics.median(times),
-                             "sent_bytes": cc.wire_bytes(), "model_bytes": volume.send_bytes_per_rank(plan)})
+                m = timed_step(step, a.iters, impl, batch=a.batch, seq=seq, heads=a.heads, kv_heads=kvh,
+                               head_dim=a.head_dim, cp=cp)
+                rows.append({"cp": cp, "seq": seq, "impl": impl, "ms": m["ms"], "sent_bytes": m["sent_bytes"],
+                             "model_bytes": m["model_bytes"]})
     return rows
 
 
@@ -85,4 +99,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from coursekit.launch import finish
+
+    finish(main())  # results reported: skip the interpreter's slow teardown
