@@ -203,3 +203,31 @@ def test_bubble_from_timed_chunks_is_the_theory(wide, no_orphans):
             assert sum(e[1] == "L" for e in ev[1]) == run["m"]  # the last stage's loss, once per micro-batch
     assert [(r["schedule"], r["m"]) for r in res[0]["runs"]] == [(k, int(m)) for k, m in
                                                                   (x.split(":") for x in sweep.split(","))]
+
+
+@pytest.mark.parametrize("heavier", [1.0, 1.5])
+def test_uneven_stage_formula_is_what_the_schedule_replays(heavier):
+    """bubble.theory_uneven (the formula with each stage's work per micro-batch) against bubble.replay on GPipe's
+    and 1F1B's chunk orders for 2 stages, m = 4: equal stages give (p−1)/(m+p−1) in both; a last stage 1.5× heavier
+    gives the formula's uneven bubbles, which the replayed order reproduces exactly (forward 1 s, backward 2 s)."""
+    from coursekit.pp.bubble import replay, theory, theory_uneven
+
+    m, w = 4, [1.0, heavier]
+
+    def chunk(stage, kind, mb):
+        d = w[stage] * (1.0 if kind == "F" else 2.0)
+        return (stage, kind, mb, 0.0, d, d)  # (stage, kind, micro-batch, t0, t1, CPU seconds)
+
+    gpipe = [[chunk(s, "F", i) for i in range(m)] + [chunk(s, "B", i) for i in range(m)] for s in (0, 1)]
+    one_f_one_b = [[chunk(0, "F", 0), chunk(0, "F", 1), chunk(0, "B", 0), chunk(0, "F", 2), chunk(0, "B", 1),
+                    chunk(0, "F", 3), chunk(0, "B", 2), chunk(0, "B", 3)],
+                   [x for i in range(m) for x in (chunk(1, "F", i), chunk(1, "B", i))]]
+    for kind, tls in (("gpipe", gpipe), ("1f1b", one_f_one_b)):
+        # the replay orders chunks by their start time: give each rank's list increasing starts
+        tls = [[(s, k, mb, float(j), float(j) + d, c) for j, (s, k, mb, _, d, c) in enumerate(tl)] for tl in tls]
+        want = theory_uneven(tls, None, m, kind)
+        assert replay(tls, None, clock="cpu") == pytest.approx(want, abs=1e-9), kind
+        if heavier == 1.0:
+            assert want == pytest.approx([theory(2, m)] * 2), kind
+        else:
+            assert want[0] > theory(2, m) > want[1], (kind, want)  # the lighter stage waits for the heavier one

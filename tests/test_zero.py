@@ -38,8 +38,8 @@ RUNS = {
 }
 # in the slow tier (scripts/test.sh --slow) to keep the default run short; the slow tier also runs ZeRO-3 offload
 # with DeepSpeedCPUAdam (test_zero_offload.py)
-SLOW = {"zero0-2-fp32", "zero1-4-bf16", "zero2-4-bf16", "zero3-4-bf16", "zero3-offload-2-fp32"}
-# zero0 and the 4-rank bf16 runs: the default tier's budget (~15-30 s a launch); fp32 ZeRO 1-3, offload and ZeRO-3
+SLOW = {"zero0-2-fp32", "zero1-2-fp32", "zero1-4-bf16", "zero2-4-bf16", "zero3-4-bf16", "zero3-offload-2-fp32"}
+# zero0, zero1 and the 4-rank bf16 runs: the default tier's budget (~15-30 s a launch); fp32 ZeRO 2-3, offload, ZeRO-3
 # bf16 on 2 ranks stay there
 
 

@@ -26,6 +26,34 @@ def theory(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
+def theory_uneven(timelines: list[list], events: list[list] | None, m: int, schedule: str = "gpipe",
+                  clock: str = "cpu") -> list[float]:
+    """The bubble formula with the stages' *measured* work per micro-batch instead of equal stages: stage s's
+    forward f_s and backward b_s (+ W, + the loss on the last stage) per micro-batch, from the chunks' ``clock``
+    seconds. GPipe: all forwards then all backwards, so span = Σ f + (m−1)·max f + Σ b + (m−1)·max b; 1F1B-style
+    schedules: span = Σ (f + b) + (m−1)·max (f + b). Stage s's bubble: 1 − m·(f_s + b_s) / span. With equal stages
+    both reduce to (p−1)/(m+p−1)."""
+    events = events or [[] for _ in timelines]
+    dur = (lambda c: c[5]) if clock == "cpu" else (lambda c: c[4] - c[3])  # noqa: E731
+    f: dict[int, float] = {}
+    b: dict[int, float] = {}
+    for tl in timelines:
+        for c in tl:
+            (f if c[1] == "F" else b)[c[0]] = (f if c[1] == "F" else b).get(c[0], 0.0) + dur(c) / m
+    for ev in events:
+        for e in ev:
+            if e[1] == "L":
+                f[e[0]] = f.get(e[0], 0.0) + dur(e) / m
+    stages = sorted(set(f) | set(b))
+    fs, bs = [f.get(s, 0.0) for s in stages], [b.get(s, 0.0) for s in stages]
+    if schedule == "gpipe":
+        span = sum(fs) + (m - 1) * max(fs) + sum(bs) + (m - 1) * max(bs)
+    else:
+        span = sum(fs) + sum(bs) + (m - 1) * max(x + y for x, y in zip(fs, bs))
+    work = dict(zip(stages, (x + y for x, y in zip(fs, bs))))
+    return [1 - m * sum(work[st] for st in {c[0] for c in tl}) / span for tl in timelines]  # a rank's stages
+
+
 COMPUTE = ("F", "B", "W", "L")  # chunk kinds that are work; "P" is a send/recv wait
 
 
