@@ -80,7 +80,7 @@ def collectives(model: str, shards) -> list[dict]:
 
 # -- live runs ---------------------------------------------------------------------------------------------------
 def layouts(n: int):
-    rows = [("ddp", "ddp", []), ("zero3", "zero3", []), ("fsdp2 reshard", "fsdp2", []),
+    rows = [("ddp", "ddp", ["--count-step"]), ("zero3", "zero3", []), ("fsdp2 reshard", "fsdp2", []),
             ("fsdp2 no reshard", "fsdp2", ["--reshard-after-forward", "false"])]
     if n == 4:
         rows += [("fsdp2 reshard to 2", "fsdp2", ["--reshard-after-forward", "2"]),
@@ -109,9 +109,12 @@ def predicted(strategy: str, extra: list, n: int, f: dict, rank: int):
     elif strategy == "zero3":
         kw.update(dp_replicate=n, dp_rank=rank)
         plan = volume.payload_bytes(volume.zero(3, N, n))
-    else:
+    else:  # DDP: every gradient once, and the module buffers it broadcasts before each step's first forward
+        from coursekit.models import build_model
+
         kw.update(dp_replicate=n)
-        plan = volume.payload_bytes(volume.ddp(N, n))
+        buffers = sum(b.numel() * b.element_size() for b in build_model("tiny-llama", device="meta").buffers())
+        plan = volume.payload_bytes(volume.ddp(N, n, buffer_bytes=buffers))
     c = estimate("tiny-llama", **kw).categories
     return c["parameters"] + c["gradients"] + c["master_weights"] + c["optimizer_states"], plan
 
@@ -121,8 +124,11 @@ def states(f: dict) -> int:
 
 
 def sent(f: dict) -> int | None:
+    """Payload bytes of the counted step: the strategy's own count (FSDP2, ZeRO), else --count-step's (DDP)."""
     calls = (f.get("collectives") or {}).get("calls")
-    return None if calls is None else sum(c["bytes"] * c.get("count", 1) for c in calls)
+    if calls is None:
+        return f.get("comm_bytes")
+    return sum(c["bytes"] * c.get("count", 1) for c in calls)
 
 
 def steady_ms(rec: dict) -> float:
