@@ -26,6 +26,11 @@ def theory(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
+def _duration(clock: str):
+    """A chunk's length: its CPU seconds ("cpu") or start to end ("wall")."""
+    return (lambda c: c[5]) if clock == "cpu" else (lambda c: c[4] - c[3])
+
+
 def theory_uneven(timelines: list[list], events: list[list] | None, m: int, schedule: str = "gpipe",
                   clock: str = "cpu") -> list[float]:
     """The bubble formula with the stages' *measured* work per micro-batch instead of equal stages: stage s's
@@ -34,7 +39,7 @@ def theory_uneven(timelines: list[list], events: list[list] | None, m: int, sche
     schedules: span = Σ (f + b) + (m−1)·max (f + b). Stage s's bubble: 1 − m·(f_s + b_s) / span. With equal stages
     both reduce to (p−1)/(m+p−1)."""
     events = events or [[] for _ in timelines]
-    dur = (lambda c: c[5]) if clock == "cpu" else (lambda c: c[4] - c[3])  # noqa: E731
+    dur = _duration(clock)
     f: dict[int, float] = {}
     b: dict[int, float] = {}
     for tl in timelines:
@@ -91,7 +96,7 @@ def replay(timelines: list[list], events: list[list] | None = None, clock: str =
     separates ``theory`` from this is uneven chunk times (a heavier last stage, backward ≠ 2 × forward per stage);
     what separates this from ``measured`` is the send/recv and the schedule's overhead."""
     events = events or [[] for _ in timelines]
-    dur = (lambda c: c[5]) if clock == "cpu" else (lambda c: c[4] - c[3])  # noqa: E731
+    dur = _duration(clock)
     loss = {(e[0], e[2]): dur(e) for ev in events for e in ev if e[1] == "L"}
     last = max(c[0] for tl in timelines for c in tl)
     todo = [sorted(tl, key=lambda c: c[3]) for tl in timelines]

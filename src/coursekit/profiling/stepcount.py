@@ -36,16 +36,17 @@ class _Peak:
     def __init__(self, model):
         import torch
 
-        self._param = torch.nn.Parameter
-        held = [getattr(t, "_local_tensor", t) for t in [*model.parameters(), *model.buffers()]]
-        self.excluded = {t.untyped_storage()._cdata for t in held}
+        from coursekit.measure.activations import _held, _storage_key  # the measurement path's own keys
+
+        self._param, self._held = torch.nn.Parameter, _held
+        self.excluded = {_storage_key(t) for t in [*model.parameters(), *model.buffers()]}
         self.live: dict[int, tuple[int, weakref.WeakSet]] = {}  # storage -> (bytes, the slots that save it)
         self.peak = 0
 
     def pack(self, t):
         if isinstance(t, self._param):  # FSDP2's unsharded parameters are Parameters too: model state
             return t
-        held = getattr(t, "_local_tensor", t)  # a DTensor saves its local shard
+        held = self._held(t)  # a DTensor saves its local shard
         key = held.untyped_storage()._cdata
         if key in self.excluded:
             return t
