@@ -5,7 +5,7 @@ its diagnosis, profiler overhead per step.
 
   * overlap: 2-rank runs of the trainer (a 1.2 M-parameter Llama, steps 1-3 traced), ``coursekit trace`` totals
     per rank: DDP with 0.1 / 1 / 25 / 1000 MB buckets, ZeRO-2 (DeepSpeed) with overlap_comm off and on, FSDP2
-    with its own prefetch and with --prefetch 2 (on gloo its collectives block the training thread: ~0 % both).
+    with its own prefetch and with --prefetch 2 (on CPU the prefetched all-gathers run on gloo's thread).
     --quick: DDP 0.1 and 1000 MB only.
   * hang -> diagnosis: each planted case (``coursekit.profiling.planted``, 3 s group timeout): seconds from the
     moment the waiting rank issued the bad collective (its flight-recorder entry's creation time) to the printed

@@ -32,7 +32,7 @@ def lab():
 
 def test_exercises_follow_the_syllabus(lab):
     assert [e.name for e in lab.exercises] == SYLLABUS
-    assert lab.max_points == 20
+    assert lab.max_points == 21
     assert json.loads((COURSE.solutions / "lab5_profiling" / "lab.json").read_text())["module"] == 5
 
 

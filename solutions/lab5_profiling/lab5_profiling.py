@@ -27,7 +27,7 @@
 # Every answer is checked against numbers: `coursekit trace`'s figures, the trainer's records, the diagnosis of
 # `coursekit launch --diagnose`. **Grading** works as in Labs 1-2: write your answers inside the functions; visible
 # tests run here, hidden tests try other inputs when your notebook is graded; only definitions (functions, imports,
-# UPPER_CASE constants) are graded, and they take and return plain data. Five short jobs run in all, each launched
+# UPPER_CASE constants) are graded, and they take and return plain data. Seven short jobs run in all, each launched
 # once and kept (`coursekit.profiling.labruns`): running a cell again costs nothing.
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false}
@@ -45,6 +45,7 @@ MODEL_CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 
                 "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_dropout": 0.0}
 GLOBAL_BATCH, SEQ, STEPS = 8, 32, 6  # sequences per step over both ranks, tokens per sequence, steps per run
 SMALL_BUCKET_MB, ONE_BUCKET_MB = 0.1, 1000  # ~45 buckets per backward, or a single one
+PREFETCH = 2  # FSDP2 gathers the next 2 blocks ahead (section 1's last cells)
 SLOW_RANK, SLOW_MS = 1, 100  # section 4: rank 1 sleeps 100 ms at the start of every step
 KILL_AT_STEP, SAVE_EVERY = 3, 2  # section 5
 
@@ -55,6 +56,14 @@ def small_buckets():  # DDP, 0.1 MB buckets, steps 1-4 traced: {"dir", "records"
 
 def one_bucket():  # the same run with a single 1000 MB bucket
     return labruns.ddp_traced(MODEL_CONFIG, ONE_BUCKET_MB, steps=STEPS, seq=SEQ, global_batch=GLOBAL_BATCH)
+
+
+def no_prefetch():  # FSDP2, one unit per block, steps 1-2 traced: FSDP2's own prefetch
+    return labruns.fsdp_traced(MODEL_CONFIG, 0, seq=SEQ, global_batch=GLOBAL_BATCH)
+
+
+def prefetch_ahead():  # the same with --prefetch PREFETCH: the next blocks gathered while this one computes
+    return labruns.fsdp_traced(MODEL_CONFIG, PREFETCH, seq=SEQ, global_batch=GLOBAL_BATCH)
 
 
 def hang():  # rank 1 calls all_gather where rank 0 calls all_reduce (#3), under coursekit launch --diagnose
@@ -168,11 +177,36 @@ for _c, _m, _w in _cases:
 
 # %% [markdown]
 # With small buckets part of the all-reduce runs under backward; with one bucket it all waits for the end of
-# backward, and every millisecond of it adds to the step. FSDP2 has the same lever for its all-gathers: prefetching
-# the next blocks' parameters (`--prefetch N`) issues them while the current block computes. That overlap needs a
-# GPU: on CPU/gloo FSDP2's collectives block the training thread (`coursekit.profiling.prefetch` shows they are
-# issued early all the same). On GPUs `coursekit trace` counts `nccl*Kernel*` kernels as communication and every
-# other kernel as compute, with the same arithmetic.
+# backward, and every millisecond of it adds to the step. FSDP2 has the same lever for its all-gathers: a block's
+# parameters must be gathered before its forward (and again before its backward), and prefetching (`--prefetch N`)
+# issues the next N blocks' all-gathers while the current block computes. Without it FSDP2 gathers each block when
+# it is needed and the training thread waits. On a GPU the early all-gathers run on their own CUDA stream; on a CPU
+# there are no streams, so the trainer issues prefetched all-gathers asynchronously and gloo's thread runs them
+# beside the compute (`coursekit.fsdp.strategy`). Two more real runs, FSDP2 on 2 processes without and with
+# `--prefetch 2`, traced for steps 1-2; your `overlap_stats` measures them.
+
+# %% nbgrader={"grade": false, "grade_id": "demo_prefetch", "locked": true, "schema_version": 3, "solution": false}
+for _name, _run in (("FSDP2, no prefetch", no_prefetch()), (f"FSDP2, --prefetch {PREFETCH}", prefetch_ahead())):
+    print(f"--- {_name}: coursekit trace {_run['dir']}")
+    print(table(_run["trace"]))
+
+# %% nbgrader={"grade": true, "grade_id": "overlap_prefetch_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+_pct = {}
+for _run in (no_prefetch(), prefetch_ahead()):
+    _theirs = {(r["rank"], s["step"]): s for r in _run["trace"]["ranks"] for s in r["steps"]}
+    _rows = labruns.trace_intervals(_run["dir"])
+    assert len(_rows) == len(_theirs) == 4, "2 ranks x 2 traced steps"
+    for _r in _rows:
+        _mine = overlap_stats(_r["compute"], _r["comm"], _r["window"])
+        assert close(_mine["overlap_pct"], _theirs[(_r["rank"], _r["step"])]["overlap_pct"], rel=1e-9, abs_=1e-9)
+        _pct.setdefault(_run["dir"], []).append(_mine["overlap_pct"])
+_none, _ahead = (statistics.median(_pct[_run["dir"]]) for _run in (no_prefetch(), prefetch_ahead()))
+assert _ahead > _none, "prefetched all-gathers should hide behind compute"
+print(f"FSDP2 overlap {_none:.0f} % without prefetch, {_ahead:.0f} % with --prefetch {PREFETCH} (medians)")
+
+# %% [markdown]
+# On GPUs `coursekit trace` counts `nccl*Kernel*` kernels as communication and every other kernel as compute, with
+# the same arithmetic.
 #
 # ## 2. MFU, and where the rest of the peak went
 #

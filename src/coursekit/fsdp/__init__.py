@@ -21,7 +21,8 @@ class FSDPOptions:
     """cpu: parameters, gradients and optimizer states live on the host (CPUOffloadPolicy); the step runs there."""
     prefetch: int = 0
     """Explicit prefetch: gather the next N units during this one's forward and the previous N in backward (0:
-    FSDP2's own, measured from traces on CPU: none in forward, one unit ahead in backward)."""
+    FSDP2's own, measured from traces on CPU: none in forward, one unit ahead in backward). On CPU the early
+    all-gathers are issued asynchronously (gloo's thread), so they overlap compute there too."""
     compile_model: bool = False
     """torch.compile the whole model after fully_shard (one compiled call per step, graph breaks at FSDP2's hooks),
     instead of --compile's per-block compile before it."""

@@ -89,6 +89,12 @@ class FSDP2(Strategy):
             for i, u in enumerate(self.units):
                 u.set_modules_to_forward_prefetch(self.units[i + 1:i + 1 + n])
                 u.set_modules_to_backward_prefetch(self.units[max(0, i - n):i][::-1])
+            if self.device.type == "cpu":
+                # No streams on the host: with FSDP2's default async_op=False a prefetched all-gather blocks the
+                # training thread however early it is issued. async_op=True hands it to gloo's thread and waits for
+                # it only when the unit is needed, so it runs while the current unit computes (on CUDA the
+                # all-gather stream does that, and FSDP2's default stays).
+                model._set_unshard_async_op(True)
         if self.fo.compile_model:  # in place: the state dict keeps its names (no ``_orig_mod.`` prefix) for DCP
             model.compile()
         return model

@@ -2,6 +2,7 @@
 share them), and their traces, records and flight-recorder dumps turned into plain data for the exercises.
 
     small = ddp_traced(MODEL, bucket_mb=0.1)       # {"dir", "records", "trace": coursekit trace's analysis}
+    ahead = fsdp_traced(MODEL, prefetch=2)         # the same for FSDP2 gathering 2 blocks ahead
     rows = trace_intervals(small["dir"])          # per rank and step: window, compute and comm intervals (µs)
     hang = planted_hang("op")                     # {"diagnosis": coursekit launch --diagnose, "dumps": per rank}
     pair = elastic_pair(MODEL, ...)               # {"whole": records, "resumed": records, "killed": {...}}
@@ -80,6 +81,18 @@ def ddp_traced(model, bucket_mb: float, *, steps: int = 5, profile_steps: str = 
 
     d = _folder(f"ddp-{bucket_mb}")
     recs = train(model, ["--strategy", "ddp", "--bucket-mb", bucket_mb, "--steps", steps, "--seq", seq,
+                         "--global-batch", global_batch, "--profile-dir", d, "--profile-steps", profile_steps])
+    return {"dir": str(d), "records": recs, "trace": analyse(d)}
+
+
+@_cached
+def fsdp_traced(model, prefetch: int, *, steps: int = 4, profile_steps: str = "1:3", seq: int = 32,
+                global_batch: int = 8) -> dict:
+    """A 2-rank FSDP2 run (one unit per block) with ``--prefetch prefetch``, profiled for ``profile_steps``."""
+    from coursekit.profiling.trace import analyse
+
+    d = _folder(f"fsdp2-prefetch{prefetch}")
+    recs = train(model, ["--strategy", "fsdp2", "--prefetch", prefetch, "--steps", steps, "--seq", seq,
                          "--global-batch", global_batch, "--profile-dir", d, "--profile-steps", profile_steps])
     return {"dir": str(d), "records": recs, "trace": analyse(d)}
 

@@ -15,8 +15,11 @@ it N (fewer near the end of a pass). Without ``--prefetch`` FSDP2 prefetches not
 forward prefetch is the GPU running behind the CPU, with all-gathers on their own stream) and one unit in backward.
 
 Whether an early all-gather also *overlaps* compute is another matter: ``coursekit.profiling.trace`` measures that.
-On CPU/gloo FSDP2 calls its collectives with ``async_op=False`` and its streams are no-ops, so every all-gather blocks
-the training thread while gloo's thread runs it: issued early or late, it hides behind no compute.
+On CPU there are no streams, and FSDP2's default ``async_op=False`` makes every all-gather block the training thread
+while gloo's thread runs it: issued early or late, it would hide behind no compute. So on CPU ``--prefetch`` also
+sets ``async_op=True`` for the unshards (``fsdp/strategy.py``): the prefetched unit's all-gather runs on gloo's
+thread while the current unit computes, and is waited for when that unit is needed. Measured on 2 idle CPU ranks
+(4 blocks): overlap 0 % without prefetch, 35-42 % with ``--prefetch 2``.
 """
 from __future__ import annotations
 
