@@ -7,8 +7,8 @@
 Layouts (``coursekit train --count-step``, tiny Llama with 4 layers, seq 64, global batch 16, fp32, 4 steps): step
 time (mean of steps 2..3, slowest rank; the counted last step is left out), parameter bytes per rank
 (``coursekit.measure``), the peak of saved activations per rank on the counted step against ``coursekit memory`` for
-the same layout (its ``saved_activations``, the heaviest stage), and the payload bytes of the counted step's
-collectives per rank by kind (``coursekit.profiling.stepcount``: all-reduce, all-gather, send/recv, ...).
+the same layout and that rank's stage (``coursekit.profiling.stepcount.predicted_saved``), and the payload bytes of
+the counted step's collectives per rank by kind (``coursekit.profiling.stepcount``: all-reduce, all-gather, send/recv, ...).
 Bubbles (``coursekit.pp.probe``, a wider model: hidden 256, seq 128, micro-batch 2): the first stage's idle share
 of the step (1 − compute / span, the median of steps 2..4), the theory (p−1)/(v·m+p−1), the replay of the same
 chunks' CPU seconds with free communication (``coursekit.pp.bubble.replay``: what uneven chunks alone give), the shares
@@ -39,30 +39,14 @@ def model_file(d: str, layers: int = 4) -> str:
     return str(p)
 
 
-def predicted_activations(model: str, args: list[str], nproc: int, seq: int, global_batch: int) -> int:
-    """``coursekit memory``'s activations for the layout the trainer ran (its heaviest stage)."""
-    from coursekit.memory import estimate
-
-    a = dict(zip(args[::2], args[1::2]))
-    tp, pp, cp, accum = (int(a.get(k, 1)) for k in ("--tp", "--pp", "--cp", "--grad-accum"))
-    dp = nproc // (tp * pp * cp)
-    kw = {"cp_impl": a["--cp-impl"]} if cp > 1 else {}
-    if pp > 1:  # the trainer's default schedule; in-flight micro-batches only: --count-step counts what the
-        # autograd graph holds, not the inputs torch's schedule keeps for the whole step (pp_runtime "torch")
-        kw |= {"pp_schedule": a.get("--pp-schedule", "gpipe"), "pp_runtime": "megatron"}
-    e = estimate(model, micro_batch=global_batch // (dp * accum), seq=seq, dtype="fp32", precision="fp32",
-                 strategy="ddp", dp_replicate=dp, tp=tp, pp=pp, cp=cp, grad_accum=accum, attention="sdpa",
-                 kernels="cpu", position_ids="per-sequence", **kw)
-    return e.categories["saved_activations"]
-
-
 def layouts(model: str, timeout: float, nproc: int = 8, seq: int = 64, global_batch: int = 16) -> list[dict]:
     from coursekit.launch import launch
+    from coursekit.profiling.stepcount import predicted_saved
 
     rows = []
     for name, args in LAYOUTS.items():
-        res = launch("coursekit.train", [*args, "--model", model, "--steps", "4", "--seq", seq, "--global-batch",
-                                         global_batch, "--count-step", "--quiet"], nproc=nproc, timeout=timeout,
+        argv = [*args, "--model", model, "--steps", "4", "--seq", seq, "--global-batch", global_batch]
+        res = launch("coursekit.train", [*argv, "--count-step", "--quiet"], nproc=nproc, timeout=timeout,
                      stream=False)
         recs = sorted(res.results, key=lambda r: r["rank"])
         step = max(sum(s["step_time_s"] for s in r["steps"][1:3]) / 2 for r in recs)
@@ -73,7 +57,8 @@ def layouts(model: str, timeout: float, nproc: int = 8, seq: int = 64, global_ba
         rows.append({"layout": name, "step_ms": 1000 * step,
                      "param_bytes_per_rank": sorted({r["final"]["params_bytes"] for r in recs}),
                      "peak_saved_bytes_per_rank": [r["final"]["peak_saved_bytes"] for r in recs],
-                     "predicted_activation_bytes": predicted_activations(model, args, nproc, seq, global_batch),
+                     "stage_per_rank": [r["final"]["coords"]["pp"] for r in recs],
+                     "predicted_saved_bytes_per_stage": predicted_saved(argv, nproc),
                      "comm_bytes_per_rank": [r["final"]["comm_bytes"] for r in recs],
                      "comm_by_op": {op: sorted(set(v)) for op, v in sorted(comm.items())},
                      "loss": recs[0]["steps"][-1]["loss"]})
@@ -114,8 +99,23 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
                      "p2p_wait": med("p2p_wait"), "other": med("other"), "theory": theory(2, run["m"], run["v"]),
                      "replay": statistics.median(replay([x["timeline"] for x in st], [x["events"] for x in st],
                                                         clock="cpu")[0] for st in steps),
-                     "peak_saved_bytes": [r["runs"][i]["steps"][-1]["peak_saved"] for r in res.results]})
+                     "peak_saved_bytes": [r["runs"][i]["steps"][-1]["peak_saved"] for r in res.results],
+                     "predicted_saved_bytes": predicted_stage_bytes(model, run["schedule"], run["m"], 2, 128)})
     return rows
+
+
+def predicted_stage_bytes(model: str, schedule: str, m: int, micro_batch: int, seq: int) -> list[int] | None:
+    """``coursekit memory --pp 2 --pp-schedule K`` per stage for the probe's run (torch's runtime: what the
+    probe's PeakSaved counts); None for the zero-bubble schedules, whose split backward it does not model."""
+    from coursekit.memory import estimate
+    from coursekit.memory.pp_order import MODELLED
+
+    if schedule not in MODELLED:
+        return None
+    e = estimate(model, micro_batch=micro_batch, seq=seq, dtype="fp32", precision="fp32", strategy="ddp", pp=2,
+                 grad_accum=m, pp_schedule=schedule, pp_runtime="torch", attention="sdpa", kernels="cpu",
+                 position_ids="per-sequence")
+    return [s["saved_activations_bytes"] for s in e.pp_stages]
 
 
 def main(argv=None) -> int:
@@ -134,18 +134,22 @@ def main(argv=None) -> int:
     for r in out["layouts"]:
         acts = r["peak_saved_bytes_per_rank"]
         print(f"{r['layout']:<16} step {r['step_ms']:8.1f} ms   params/rank {r['param_bytes_per_rank']} B")
-        pred = r["predicted_activation_bytes"]
-        print(f"{'':<16} saved activations/rank {min(acts):,}-{max(acts):,} B (peak), coursekit memory "
-              f"{pred:,} B (heaviest stage): {'equal' if max(acts) == pred else f'{max(acts) / pred - 1:+.1%}'}")
+        pred = r["predicted_saved_bytes_per_stage"]
+        gap = max(abs(a_ / pred[st] - 1) for a_, st in zip(acts, r["stage_per_rank"]))
+        print(f"{'':<16} saved activations/rank {min(acts):,}-{max(acts):,} B (peak), coursekit memory per stage "
+              f"{', '.join(f'{x:,}' for x in pred)} B: {'equal on every rank' if gap == 0 else f'off by {gap:.1%}'}")
         print(f"{'':<16} collectives/rank {min(r['comm_bytes_per_rank']):,}-{max(r['comm_bytes_per_rank']):,} B: "
               + ", ".join(f"{op} {min(v):,}-{max(v):,}" if len(v) > 1 else f"{op} {v[0]:,}"
                           for op, v in r["comm_by_op"].items()))
     if out["bubbles"]:
         print(f"{'schedule':<18} {'m':>2} {'bubble':>7} {'theory':>7} {'replay':>7} {'p2p':>6} {'other':>6}"
-              "  peak saved per stage (B)")
+              "  peak saved per stage (B) vs coursekit memory")
     for r in out["bubbles"]:
+        pred = r["predicted_saved_bytes"]
+        vs = ("not modelled (split backward)" if pred is None else "equal" if pred == r["peak_saved_bytes"]
+              else f"predicted {pred}")
         print(f"{r['schedule']:<18} {r['m']:>2} {r['measured']:7.3f} {r['theory']:7.3f} {r['replay']:7.3f} "
-              f"{r['p2p_wait']:6.3f} {r['other']:6.3f}  {r['peak_saved_bytes']}")
+              f"{r['p2p_wait']:6.3f} {r['other']:6.3f}  {r['peak_saved_bytes']} {vs}")
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
     return 0

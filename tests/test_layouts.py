@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from parity import assert_equal_to_single, baseline, llama_file, train
+from parity import COMMON, assert_equal_to_single, baseline, llama_file, train
 
 
 @pytest.mark.slow  # default-tier budget: ~28 s; DDP x TP runs inside the 8-process 3-D test
@@ -83,20 +83,33 @@ def test_degrees_set_the_default_number_of_processes():
 @pytest.mark.parametrize("impl", ["ring", pytest.param("ulysses", marks=pytest.mark.slow)])  # ulysses: budget, ~15 s
 def test_context_parallel_in_the_trainer_equals_single(impl, no_orphans):
     """The sequence is split over 2 ranks (zig-zag for ring, contiguous for Ulysses) with its labels and positions."""
-    res = train("ddp", 2, "--cp", "2", "--cp-impl", impl)
+    res = train("ddp", 2, "--cp", "2", "--cp-impl", impl, "--count-step")
     assert_equal_to_single(res, baseline())
+    assert_saved_as_predicted(res, ["--cp", "2", "--cp-impl", impl], 2)
     assert [r["final"]["coords"]["cp"] for r in res.results] == [0, 1]
     # each CP rank's own loss is over its own tokens (different), their mean is the sequence's loss
     first = [r["steps"][0]["local_loss"] for r in res.results]
     assert first[0] != first[1]
 
 
+def assert_saved_as_predicted(res, args, nproc):
+    """The counted last step's peak of saved activations (``--count-step``) on every rank equals ``coursekit
+    memory``'s bytes for that rank's pipeline stage, to the byte."""
+    from coursekit.profiling.stepcount import predicted_saved
+
+    want = predicted_saved(["--strategy", "ddp", *COMMON, *args], nproc)
+    got = [(r["final"]["coords"]["pp"], r["final"]["peak_saved_bytes"]) for r in res.results]
+    assert got == [(c["pp"], want[c["pp"]]) for c in (r["final"]["coords"] for r in res.results)], (got, want)
+
+
 def test_3d_dp2_tp2_pp2_on_8_processes_equals_single(no_orphans):
-    res = train("ddp", 8, "--tp", "2", "--pp", "2", "--grad-accum", "2", timeout=600)
+    args = ["--tp", "2", "--pp", "2", "--grad-accum", "2"]
+    res = train("ddp", 8, *args, "--count-step", timeout=600)
     assert_equal_to_single(res, baseline())
     coords = [r["final"]["coords"] for r in res.results]
     assert [(c["pp"], c["dp_replicate"], c["tp"]) for c in coords] == [
         (p, d, t) for p in range(2) for d in range(2) for t in range(2)]
+    assert_saved_as_predicted(res, args, 8)  # the gathered weights' views a DTensor linear saves are not counted
 
 
 @pytest.mark.slow  # default-tier budget: ~26 s; PP and CP each equal one process in this tier

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from coursekit.launch import launch
-from parity import assert_equal_to_single, baseline, llama_file, train
+from parity import COMMON, assert_equal_to_single, baseline, llama_file, train
 
 SCHEDULE_ARGS = ["--pp", "2", "--grad-accum", "4"]
 
@@ -19,15 +19,26 @@ def four_layers(tmp_path_factory):
 @pytest.mark.slow  # default-tier budget: ~30 s; GPipe and 1F1B run in this tier
 def test_interleaved_1f1b_with_two_stages_per_rank_equals_single(four_layers, no_orphans):
     """Rank 0 holds stages 0 and 2, rank 1 stages 1 and 3 (4 micro-batches)."""
-    res = train("ddp", 2, "--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", "interleaved-1f1b")
+    res = train("ddp", 2, "--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", "interleaved-1f1b", "--count-step")
     assert_equal_to_single(res, baseline("--model", four_layers))
+    assert_saved_as_predicted(res, ["--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", "interleaved-1f1b"])
 
 
 @pytest.mark.slow
 def test_looped_bfs_equals_single(four_layers, no_orphans):
     """LoopedBFS: stages r and r+pp, every forward of one stage before the next (a minute on 2 loaded cores)."""
-    res = train("ddp", 2, "--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", "looped-bfs")
+    res = train("ddp", 2, "--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", "looped-bfs", "--count-step")
     assert_equal_to_single(res, baseline("--model", four_layers))
+    assert_saved_as_predicted(res, ["--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", "looped-bfs"])
+
+
+def assert_saved_as_predicted(res, args):
+    """The counted step's peak of graph-held saved activations on each pipeline rank equals ``coursekit memory``
+    along the schedule's order (``coursekit.profiling.stepcount.predicted_saved``), to the byte."""
+    from coursekit.profiling.stepcount import predicted_saved
+
+    want = predicted_saved(["--strategy", "ddp", *COMMON, *args], len(res.results))
+    assert [r["final"]["peak_saved_bytes"] for r in res.results] == want
 
 
 @pytest.mark.parametrize("kind", ["interleaved-zb", "zbv", "dualpipev"])
@@ -71,6 +82,57 @@ def test_schedules_that_cannot_run_are_refused_before_launch(args, needle):
         plan(["--strategy", "ddp", *args])
 
 
+def _torch_order(schedule, pp, rank, m, v):
+    """The compute actions torch's multi-stage schedule builds for ``rank`` (its pipeline_order, no idle slots)."""
+    from torch.distributed.pipelining import schedules as S
+
+    cls = {"interleaved-1f1b": S.ScheduleInterleaved1F1B, "looped-bfs": S.ScheduleLoopedBFS}[schedule]
+    o = object.__new__(cls)  # the order is a pure function of these; no stages or process group needed
+    o.pp_group_size, o._n_microbatches, o.n_local_stages, o._stages = pp, m, v, [None] * v
+    o.number_of_rounds = max(1, m // pp)
+    o.microbatches_per_round = m // o.number_of_rounds
+    return [("F" if a.computation_type == S._ComputationType.FORWARD else "B", a.stage_index, a.microbatch_index)
+            for a in o._calculate_single_rank_operations(rank) if a is not None]
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs"])
+def test_calculator_schedule_orders_are_torchs(schedule):
+    """``coursekit.memory.pp_order`` (pure Python) builds the same forward/backward order per rank as torch's
+    schedule, for 2-4 ranks, 1-8 micro-batches and 2-3 stages per rank."""
+    from coursekit.memory.pp_order import order, peak_held
+
+    n = 0
+    for pp in (2, 3, 4):
+        for m in range(1, 9):
+            if schedule == "interleaved-1f1b" and m % max(1, m // pp):
+                continue  # torch refuses these
+            for v in (2, 3):
+                for rank in range(pp):
+                    got = order(schedule, pp, rank, m, v)
+                    assert got == _torch_order(schedule, pp, rank, m, v), (pp, m, v, rank)
+                    assert sorted(got) == sorted([(k, s, b) for k in "BF" for s in range(rank, v * pp, pp)
+                                                  for b in range(m)])  # every chunk micro-batch once each way
+                    n += 1
+    assert n > 100
+    # LoopedBFS holds every chunk micro-batch at once; interleaved 1F1B its warm-up + 1 on rank 0
+    peak = peak_held(order(schedule, 4, 0, 8, 2), lambda s: 1)[0]
+    assert peak == (16 if schedule == "looped-bfs" else 1 * 4 + 2 * 3 + 1)
+
+
+def test_one_stage_schedules_peak_where_the_closed_form_says():
+    """GPipe and 1F1B orders, replayed: m (GPipe) and min(pp - rank, m) (1F1B) in flight at the peak, with what a
+    runtime keeps of the micro-batches already done on top (the calculator's closed form for one stage per rank)."""
+    from coursekit.memory.pp_order import order, peak_held
+
+    for pp in (2, 3, 4):
+        for m in range(1, 9):
+            for rank in range(pp):
+                for kind, fly in (("gpipe", m), ("1f1b", min(pp - rank, m))):
+                    ops = order(kind, pp, rank, m)
+                    assert peak_held(ops, lambda s: 1)[0] == fly
+                    assert peak_held(ops, lambda s: 100, lambda s: 7)[0] == 100 * fly + 7 * (m - fly)
+
+
 def test_bubble_theory():
     from coursekit.pp.bubble import theory
 
@@ -100,7 +162,8 @@ def _memory(model, kind, m, micro_batch, seq):
 
 
 def test_peak_saved_bytes_per_stage_equal_coursekit_memory(four_layers, no_orphans):
-    """2 stages of 2 blocks, GPipe and 1F1B at m = 2 and 4, micro-batch 2, seq 32, fp32: each stage's peak of live
+    """2 stages of 2 blocks, GPipe and 1F1B at m = 2 and 4, micro-batch 2, seq 32, fp32 (and interleaved 1F1B at
+    m = 4 and LoopedBFS at m = 2, 2 stages of 1 block per rank, the peak along their order): each rank's peak of live
     saved-for-backward storages during a schedule step (``PeakSaved``: storages once, parameters excluded) equals
     ``coursekit memory --pp 2 --pp-schedule K`` for that stage, to the byte. GPipe holds all m micro-batches on
     both stages; 1F1B holds 2 on stage 0 and 1 on stage 1 — plus what torch's schedule pins for every micro-batch
@@ -109,21 +172,27 @@ def test_peak_saved_bytes_per_stage_equal_coursekit_memory(four_layers, no_orpha
     step also runs torch's one-time metadata inference (``PipelineStage._forward_metadata_inference``: a forward of
     micro-batch 0 with grad enabled, then a backward), whose saved tensors add to stage 0's first peak (measured:
     +453,632 B on every run here)."""
-    res = launch("coursekit.pp.probe", ["--sweep", "gpipe:2,gpipe:4,1f1b:2,1f1b:4", "--model", four_layers, "--pp",
+    sweep = "gpipe:2,gpipe:4,1f1b:2,1f1b:4,interleaved-1f1b:4,looped-bfs:2"
+    res = launch("coursekit.pp.probe", ["--sweep", sweep, "--model", four_layers, "--pp",
                                         "2", "--micro-batch", "2", "--seq", "32", "--steps", "3", "--dtype", "fp32"],
                  nproc=2, timeout=300, stream=False).results
     seen = {}
     for rank in res:
         for run in rank["runs"]:
-            (stage,) = run["stages"]
+            stage = rank["rank"]  # the pipeline rank: one stage, or two (r and r + 2) for interleaved / looped
+            assert run["stages"] == ([stage] if run["v"] == 1 else [stage, stage + 2])
             est = _memory(four_layers, run["schedule"], run["m"], 2, 32)["pp_stages"][stage]
-            assert est["in_flight"] == (run["m"] if run["schedule"] == "gpipe" else min(2 - stage, run["m"]))
+            assert est["in_flight"] == {"gpipe": run["m"], "1f1b": min(2 - stage, run["m"]),
+                                        "interleaved-1f1b": 5 - 2 * stage,  # warm-up 2 + 2 (1 - rank), + 1
+                                        "looped-bfs": 2 * run["m"]}[run["schedule"]]
             first, *got = [s["peak_saved"] for s in run["steps"]]
             assert got == [est["saved_activations_bytes"]] * 2, (stage, run["schedule"], run["m"], got, est)
             assert first >= got[0]
             seen[(run["schedule"], run["m"], stage)] = got[-1]
     for stage in (0, 1):  # 1F1B's point: at m = 4 it holds fewer micro-batches than GPipe on every stage
         assert seen[("1f1b", 4, stage)] < seen[("gpipe", 4, stage)]
+        # interleaving buys its smaller bubble with more in flight than 1F1B (5 and 3 chunks of half a stage)
+        assert seen[("1f1b", 4, stage)] < seen[("interleaved-1f1b", 4, stage)] < seen[("gpipe", 4, stage)]
         assert seen[("gpipe", 4, stage)] > seen[("gpipe", 2, stage)]
 
 

@@ -167,6 +167,9 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
         raise ConfigError("give either a TrainConfig or keyword arguments, not both")
     if c.pp > shape.layers:
         raise ConfigError(f"pp ({c.pp}) exceeds the number of layers ({shape.layers})")
+    if c.pp * megatron.virtual(c) > shape.layers:
+        raise ConfigError(f"{c.pp_schedule} keeps {megatron.virtual(c)} stages per rank: pp x "
+                          f"{megatron.virtual(c)} = {c.pp * megatron.virtual(c)} exceeds the {shape.layers} layers")
     if shape.positions == "learned" and c.seq > shape.max_positions:
         raise ConfigError(f"seq ({c.seq}) exceeds {shape.name}'s {shape.max_positions} learned positions")
     acts, working = megatron.activations(shape, c)
@@ -175,7 +178,7 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     best = None
     for stage in megatron.stages(shape, c):
         st, dp_rank = engine.states(shape, c, stage)
-        saved = megatron.saved_bytes(acts, stage, c)
+        saved = megatron.saved_bytes(acts, stage, c, shape)
         logits = megatron.logits_bytes(shape, c, stage)
         units = engine.units(c, P, stage)
         comm_bwd, comm_step = engine.buckets(c, P, stage.params, units["largest"])

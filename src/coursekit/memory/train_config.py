@@ -10,7 +10,7 @@ from coursekit.memory import engines
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
 from coursekit.memory.qlora import TARGETS as LORA_TARGETS
 
-PP_SCHEDULES = ("1f1b", "gpipe")
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "looped-bfs")  # coursekit.memory.pp_order
 PP_RUNTIMES = ("torch", "megatron")
 DEFAULT_RUNTIME_BYTES = 1 * GiB
 DEFAULT_BUCKET_ELEMS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (5e8)
@@ -74,7 +74,9 @@ class TrainConfig:
     microbatches: int | None = None
     """Micro-batches per optimizer step, the trainer's --grad-accum (under pp: the schedule's); None: pp."""
     pp_schedule: str = "1f1b"
-    """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them."""
+    """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them;
+    interleaved-1f1b and looped-bfs: 2 stages per rank, held along the schedule's order (coursekit.memory.pp_order:
+    warm-up + 1 chunk micro-batches, and all 2·microbatches for looped-bfs)."""
     pp_runtime: str = "torch"
     """torch: torch.distributed.pipelining as coursekit's trainer (and torchtitan) runs it: every micro-batch's ids,
     labels and receive buffer stay allocated for the whole step (measured); megatron: a micro-batch's inputs exist

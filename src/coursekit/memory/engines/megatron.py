@@ -7,7 +7,9 @@
 - **PP** (pipeline parallel) gives each of ``pp`` stages ``layers // pp`` layers (the first ``layers % pp`` one more);
   the first stage holds the embedding, the last the final norm, the head and the loss, and with ``pp > 1`` its own
   copy of a tied embedding. 1F1B keeps ``min(pp - i, m)`` micro-batches of activations in flight on stage ``i``,
-  GPipe all ``m`` (``m``: micro-batches per step, ``TrainConfig.microbatches``).
+  GPipe all ``m`` (``m``: micro-batches per step, ``TrainConfig.microbatches``). Interleaved 1F1B and LoopedBFS
+  give each rank ``v`` stages of the ``v·pp`` (``layers // (v·pp)`` layers each, front-loaded); what a rank holds at
+  its peak comes from the schedule's order of forwards and backwards (``coursekit.memory.pp_order``).
 - **CP** (context parallel) splits the sequence: activations and the loss buffers of ``seq / cp`` tokens per rank.
   CP ranks hold the same weights, so engines shard model states over dp · cp (``TrainConfig.shard_degree``).
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coursekit.memory import pp_order
 from coursekit.memory.activations import ActivationReport, activation_bytes
 
 
@@ -48,16 +51,32 @@ class Stage:
         return max(self.per_layer if self.layers else 0, self.embed_params, self.head_params)
 
 
+def virtual(c) -> int:
+    """Stages per pipeline rank under ``c.pp_schedule``."""
+    return pp_order.VIRTUAL[c.pp_schedule] if c.pp > 1 else 1
+
+
+def chunk_layers(shape, c, g: int) -> int:
+    """Layers of global stage ``g`` of ``v·pp`` (front-loaded, as coursekit.pp splits them)."""
+    base, extra = divmod(shape.layers, c.pp * virtual(c))
+    return base + (1 if g < extra else 0)
+
+
 def stage(shape, c, i: int) -> Stage:
-    """Pipeline stage ``i`` as one TP rank holds it."""
+    """Pipeline rank ``i``'s stages as one TP rank holds them."""
     per_layer, first, last, tied = shape.local_params(c.tp)
     t_layer, t_first, t_last = shape.local_tensors()
     tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
-    base, extra = divmod(shape.layers, c.pp)
-    layers = base + (1 if i < extra else 0)
+    layers = sum(chunk_layers(shape, c, g) for g in range(i, c.pp * virtual(c), c.pp))
     is_first, is_last = i == 0, i == c.pp - 1
     tensors = layers * t_layer + (t_first if is_first else 0) + (t_last + bool(tied_copy) if is_last else 0)
-    in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
+    if c.pp == 1:
+        in_flight = 1
+    elif virtual(c) == 1:
+        in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
+    else:  # chunk micro-batches held at the peak (the order of the schedule)
+        ops = pp_order.order(c.pp_schedule, c.pp, i, c.microbatches)
+        in_flight = pp_order.peak_held(ops, lambda g: 1)[0]  # the most at once (not always at the bytes' peak)
     return Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
                  (last + tied_copy) if is_last else 0, tensors, in_flight)
 
@@ -73,7 +92,7 @@ def per_stage(shape, c, acts: ActivationReport) -> list[dict]:
     for i in range(c.pp):
         st = stage(shape, c, i)
         out.append({"stage": i, "layers": st.layers, "in_flight": st.in_flight,
-                    "saved_activations_bytes": saved_bytes(acts, st, c)})
+                    "saved_activations_bytes": saved_bytes(acts, st, c, shape)})
     return out
 
 
@@ -90,25 +109,41 @@ def activations(shape, c) -> tuple[ActivationReport, int]:
     return acts, working
 
 
-def saved_bytes(acts: ActivationReport, stage: Stage, c=None) -> int:
-    """Saved activations on ``stage`` at its peak: its in-flight micro-batches' saved tensors and, under pipelining
-    (``c`` given), what the other micro-batches of the step pin meanwhile (``pinned_bytes``)."""
-    held = stage.in_flight * acts.stage_bytes(stage.layers, stage.first, stage.last)
-    if c is None or c.pp == 1 or c.pp_runtime != "torch" or stage.in_flight >= c.microbatches:
-        return held
-    return held + (c.microbatches - stage.in_flight) * pinned_bytes(acts, stage, c)
+def saved_bytes(acts: ActivationReport, stage: Stage, c=None, shape=None, graph_only: bool = False) -> int:
+    """Saved activations on ``stage`` at its peak. Under pipelining (``c`` given, pp > 1) the peak is found along
+    the schedule's order (``coursekit.memory.pp_order``): each of the rank's stages holds its in-flight
+    micro-batches whole and, with ``pp_runtime`` torch, the pinned part of those it is done with
+    (``pinned_bytes``). ``graph_only``: only what the autograd graph itself keeps after a backward — the views of
+    the step's ids and labels, not the stage's receive buffers — which is what ``--count-step`` measures.
+    ``shape`` is needed with several stages per rank (their layers)."""
+    if c is None or c.pp == 1:
+        return stage.in_flight * acts.stage_bytes(stage.layers, stage.first, stage.last)
+    kept_of = lambda st: (pinned_bytes(acts, st, c, buffers=not graph_only)  # noqa: E731
+                          if graph_only or c.pp_runtime == "torch" else 0)
+    S = c.pp * virtual(c)
+    if S == c.pp:  # one stage per rank: in flight at the peak, the rest done (1F1B peaks at its last forward)
+        held = stage.in_flight * acts.stage_bytes(stage.layers, stage.first, stage.last)
+        return held + (c.microbatches - stage.in_flight) * kept_of(stage)
+    if shape is None:
+        raise ValueError("saved_bytes of a multi-stage pipeline rank needs the model shape")
+    chunks = {g: Stage(g, chunk_layers(shape, c, g), g == 0, g == S - 1, 0, 0, 0, 0, 0)
+              for g in range(stage.index, S, c.pp)}
+    whole = {g: acts.stage_bytes(ch.layers, ch.first, ch.last) for g, ch in chunks.items()}
+    kept = {g: kept_of(ch) for g, ch in chunks.items()}
+    ops = pp_order.order(c.pp_schedule, c.pp, stage.index, c.microbatches)
+    return pp_order.peak_held(ops, whole.__getitem__, kept.__getitem__)[0]
 
 
-def pinned_bytes(acts: ActivationReport, stage: Stage, c) -> int:
+def pinned_bytes(acts: ActivationReport, stage: Stage, c, buffers: bool = True) -> int:
     """Saved storages of one micro-batch that ``torch.distributed.pipelining`` keeps alive for the whole step,
     after that micro-batch's backward (measured, tests/test_pp.py): the schedule cuts the step's input ids and labels
     into micro-batch *views* of one tensor, so the embedding's saved ids (first stage) and the loss's saved labels
     (last stage) pin all m; a later stage receives each micro-batch into its own buffer, allocated once and kept, and
     where the first block saves its input as it is (an fp32 RMSNorm input, a LayerNorm input, a checkpoint's input)
-    that buffer is a saved storage of every micro-batch."""
+    that buffer is a saved storage of every micro-batch (``buffers``)."""
     n = acts.embed.get("input_ids(int64)", 0) if stage.first else 0
     n += acts.head.get("loss.labels(int64)", 0) if stage.last else 0
-    if not stage.first and stage.layers:
+    if buffers and not stage.first and stage.layers:
         t = acts.per_layer
         as_is = [k for k in ("layer_input(checkpoint)", "attn_norm.input") if k in t]
         if not as_is and c.dtype == "fp32" and "attn_norm.input_fp32" in t:  # x.to(float32) is x itself
