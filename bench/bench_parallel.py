@@ -8,9 +8,12 @@ Layouts (``coursekit train --count-step``, tiny Llama with 4 layers, seq 64, glo
 time (mean of steps 2..3, slowest rank; the counted last step is left out), parameter bytes per rank
 (``coursekit.measure``), the peak of saved activations per rank on the counted step against ``coursekit memory`` for
 the same layout and that rank's stage (``coursekit.profiling.stepcount.predicted_saved``), and the payload bytes of
-the counted step's collectives per rank by kind (``coursekit.profiling.stepcount``: all-reduce, all-gather, send/recv, ...).
+the counted step's collectives per rank by kind (``coursekit.profiling.stepcount``: all-reduce, all-gather,
+send/recv, ...).
 Bubbles (``coursekit.pp.probe``, a wider model: hidden 256, seq 128, micro-batch 2): the first stage's idle share
-of the step (1 − compute / span, the median of steps 2..4), the theory (p−1)/(v·m+p−1), the replay of the same
+of the step (1 − compute / span, the median of steps 2..4), the theory (p−1)/(v·m+p−1), the same formula fed with
+each stage's measured work per micro-batch (``bubble.theory_uneven``, GPipe and 1F1B: the last stage also runs the
+head and the loss), the replay of the same
 chunks' CPU seconds with free communication (``coursekit.pp.bubble.replay``: what uneven chunks alone give), the shares
 of the span spent in send/recv waits (p2p) and in the schedule's Python between chunks (other). On a shared 2-core
 machine the measured value carries scheduling noise.
@@ -84,7 +87,7 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
     import statistics
 
     from coursekit.launch import launch
-    from coursekit.pp.bubble import breakdown, replay, theory
+    from coursekit.pp.bubble import breakdown, replay, theory, theory_uneven
 
     rows = []
     # every schedule and m in one launch of the probe (the 1F1B family needs m >= pp)
@@ -99,6 +102,9 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
                      "p2p_wait": med("p2p_wait"), "other": med("other"), "theory": theory(2, run["m"], run["v"]),
                      "replay": statistics.median(replay([x["timeline"] for x in st], [x["events"] for x in st],
                                                         clock="cpu")[0] for st in steps),
+                     "uneven": (statistics.median(theory_uneven([x["timeline"] for x in st], [x["events"] for x in st],
+                                                                run["m"], run["schedule"])[0] for st in steps)
+                                if run["schedule"] in ("gpipe", "1f1b") else None),
                      "peak_saved_bytes": [r["runs"][i]["steps"][-1]["peak_saved"] for r in res.results],
                      "predicted_saved_bytes": predicted_stage_bytes(model, run["schedule"], run["m"], 2, 128)})
     return rows
@@ -142,13 +148,15 @@ def main(argv=None) -> int:
               + ", ".join(f"{op} {min(v):,}-{max(v):,}" if len(v) > 1 else f"{op} {v[0]:,}"
                           for op, v in r["comm_by_op"].items()))
     if out["bubbles"]:
-        print(f"{'schedule':<18} {'m':>2} {'bubble':>7} {'theory':>7} {'replay':>7} {'p2p':>6} {'other':>6}"
+        print(f"{'schedule':<18} {'m':>2} {'bubble':>7} {'theory':>7} {'uneven':>7} {'replay':>7} {'p2p':>6} "
+              f"{'other':>6}"
               "  peak saved per stage (B) vs coursekit memory")
     for r in out["bubbles"]:
         pred = r["predicted_saved_bytes"]
         vs = ("not modelled (split backward)" if pred is None else "equal" if pred == r["peak_saved_bytes"]
               else f"predicted {pred}")
-        print(f"{r['schedule']:<18} {r['m']:>2} {r['measured']:7.3f} {r['theory']:7.3f} {r['replay']:7.3f} "
+        uneven = "      -" if r["uneven"] is None else f"{r['uneven']:7.3f}"
+        print(f"{r['schedule']:<18} {r['m']:>2} {r['measured']:7.3f} {r['theory']:7.3f} {uneven} {r['replay']:7.3f} "
               f"{r['p2p_wait']:6.3f} {r['other']:6.3f}  {r['peak_saved_bytes']} {vs}")
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))

@@ -264,8 +264,13 @@ for _kind in ("1f1b", "interleaved-1f1b"):  # same m, the other schedules
 # run can also land below theory: chunks are not equal (a backward takes about twice a forward, the last stage also
 # computes the loss), and on a machine shared with other jobs a chunk's time includes moments the OS ran something
 # else. On GPUs, with long chunks and NVLink hand-offs, the measurement comes close to (p−1)/(v·m+p−1).
-# `bench/bench_parallel.py` runs more schedules and m. Zero-bubble schedules and DualPipeV run with hand-made stages on gloo, but the trainer
-# refuses them for now (a KeyError inside torch's composable `replicate` on gloo).
+# `bench/bench_parallel.py` runs more schedules and m. Zero-bubble schedules and DualPipeV run with hand-made stages
+# on gloo, but the trainer refuses them for now (a KeyError inside torch's composable `replicate` on gloo).
+#
+# Interleaving pays for its smaller bubble in memory. At m = 4 on 2 ranks, 1F1B's rank 0 holds 2 micro-batches of
+# its stage at its peak; interleaved 1F1B's holds 5 of its half-size stages (its warm-up runs 4 forwards before the
+# first backward), 25 % more. `coursekit memory --pp 2 --grad-accum 4 --pp-schedule interleaved-1f1b` replays the
+# schedule's order of forwards and backwards and predicts each rank's bytes, equal to the measured ones (README).
 #
 # ## 4. Ring Attention's online softmax
 #

@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="RoPE tables: shared (1, s), or per-sequence (b, s) position ids as coursekit's trainer passes")
     a("--grad-accum", "--microbatches", dest="microbatches", type=int,
       help="micro-batches per optimizer step, under pp the schedule's (default: pp; alias --microbatches)")
-    a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES))
+    a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES),
+      help="what a stage holds at its peak follows the schedule's order (coursekit.memory.pp_order)")
+    a("--pp-virtual", type=int, help="stages per rank for interleaved-1f1b / looped-bfs (default 2, as the trainer)")
     a("--pp-runtime", default="torch", choices=["torch", "megatron"],
       help="torch: torch.distributed.pipelining keeps every micro-batch's inputs for the step; megatron: in flight only")
     a("--offload", default="none", choices=list(OFFLOAD), help="optimizer-state offload")
@@ -93,7 +95,7 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
               dp=ns.dp, world=ns.world, fsdp_reshard=not ns.no_reshard, ddp_bucket_view=not ns.no_bucket_view,
               hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, cp_impl=ns.cp_impl,
               position_ids=ns.position_ids, microbatches=ns.microbatches,
-              pp_schedule=ns.pp_schedule, pp_runtime=ns.pp_runtime, offload=ns.offload,
+              pp_schedule=ns.pp_schedule, pp_virtual=ns.pp_virtual, pp_runtime=ns.pp_runtime, offload=ns.offload,
               offload_params=ns.offload_params, dp_rank=ns.dp_rank,
               gpu=ns.gpu, strategy=ns.strategy, dp_replicate=ns.dp_replicate, dp_shard=ns.dp_shard)
     kw.update({k: getattr(ns, k) for k in ("zero", "engine") if getattr(ns, k) is not None})

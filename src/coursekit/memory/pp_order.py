@@ -21,6 +21,9 @@ gradient, freeing a micro-batch's activations in two parts; that split is not mo
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import lru_cache
+
+from coursekit.memory.errors import ConfigError
 
 MODELLED = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b")
 VIRTUAL = {"gpipe": 1, "1f1b": 1, "looped-bfs": 2, "interleaved-1f1b": 2}  # stages per rank, as coursekit.pp runs
@@ -28,35 +31,61 @@ VIRTUAL = {"gpipe": 1, "1f1b": 1, "looped-bfs": 2, "interleaved-1f1b": 2}  # sta
 
 def order(schedule: str, pp: int, rank: int, m: int, v: int | None = None) -> list[tuple[str, int, int]]:
     """The compute actions of pipeline rank ``rank`` for ``m`` micro-batches: ("F" | "B", global stage, mb)."""
+    return list(_order(schedule, pp, rank, m, VIRTUAL.get(schedule, 1) if v is None else v))
+
+
+@lru_cache(maxsize=4096)  # the planner asks for the same few (pp, m, v) over and over
+def _order(schedule: str, pp: int, rank: int, m: int, v: int) -> tuple:
     if schedule not in MODELLED:
-        raise ValueError(f"pipeline schedule {schedule!r}: the order is modelled for {', '.join(MODELLED)}")
-    v = VIRTUAL[schedule] if v is None else v
+        raise ConfigError(f"pipeline schedule {schedule!r}: the order is modelled for {', '.join(MODELLED)}")
     if schedule in ("gpipe", "1f1b") and v != 1:
-        raise ValueError(f"{schedule} keeps one stage per rank, not {v}")
+        raise ConfigError(f"{schedule} keeps one stage per rank, not {v}")
     if not 0 <= rank < pp or m < 1 or v < 1:
-        raise ValueError(f"need 0 <= rank < pp and m, v >= 1 (rank {rank}, pp {pp}, m {m}, v {v})")
+        raise ConfigError(f"need 0 <= rank < pp and m, v >= 1 (rank {rank}, pp {pp}, m {m}, v {v})")
     stages = [rank + i * pp for i in range(v)]
     if schedule == "gpipe":
-        return [("F", rank, k) for k in range(m)] + [("B", rank, k) for k in range(m)]
+        return tuple([("F", rank, k) for k in range(m)] + [("B", rank, k) for k in range(m)])
     if schedule == "1f1b":
         warm = min(m, pp - rank)
         ops = [("F", rank, k) for k in range(warm)]
         for k in range(m - warm):
             ops += [("B", rank, k), ("F", rank, warm + k)]
-        return ops + [("B", rank, k) for k in range(m - warm, m)]
+        return tuple(ops + [("B", rank, k) for k in range(m - warm, m)])
     if schedule == "looped-bfs":
-        return ([("F", s, k) for s in stages for k in range(m)]
-                + [("B", s, k) for s in reversed(stages) for k in reversed(range(m))])
-    return _interleaved(pp, rank, m, v)
+        return tuple([("F", s, k) for s in stages for k in range(m)]
+                     + [("B", s, k) for s in reversed(stages) for k in reversed(range(m))])
+    return tuple(_interleaved(pp, rank, m, v))
+
+
+def _rounds(pp: int, m: int) -> tuple[int, int]:
+    """Interleaved 1F1B's rounds and micro-batches per round (torch's)."""
+    rounds = max(1, m // pp)
+    if m % rounds:
+        raise ConfigError(f"interleaved 1F1B needs micro-batches ({m}) divisible by its rounds ({rounds}): "
+                          f"torch refuses it (a multiple of pp always works)")
+    return rounds, m // rounds
+
+
+def warmup(pp: int, rank: int, m: int, v: int) -> int:
+    """Forwards interleaved 1F1B runs on ``rank`` before its first backward."""
+    per_round = _rounds(pp, m)[1]
+    return min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
+
+
+def peak(schedule: str, pp: int, rank: int, m: int, v: int | None, saved, kept=None) -> tuple[int, int]:
+    """``peak_held`` of the rank's order. Without ``kept`` the interleaved 1F1B phase repeats every round of
+    v·(m/rounds) forward-backward pairs (each stage gains and loses m/rounds micro-batches per period), so the peak
+    lies within the warm-up and one period: only those are replayed (the planner asks for thousands)."""
+    v = VIRTUAL.get(schedule, 1) if v is None else v
+    ops = _order(schedule, pp, rank, m, v)
+    if kept is None and schedule == "interleaved-1f1b":
+        ops = ops[:warmup(pp, rank, m, v) + 2 * (_rounds(pp, m)[1] * v + 1)]
+    return peak_held(ops, saved, kept)
 
 
 def _interleaved(pp: int, rank: int, m: int, v: int) -> list[tuple[str, int, int]]:
     """torch's ScheduleInterleaved1F1B (``_get_1f1b_rank_ops`` without zero bubble)."""
-    rounds = max(1, m // pp)
-    if m % rounds:
-        raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) divisible by its rounds ({rounds})")
-    per_round = m // rounds
-    warm = min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
+    per_round, warm = _rounds(pp, m)[1], warmup(pp, rank, m, v)
     total = m * v
     fwd_stage = lambda op: ((op // per_round) % v) * pp + rank  # noqa: E731
     bwd_stage = lambda op: (v - 1 - ((op - warm) // per_round) % v) * pp + rank  # noqa: E731

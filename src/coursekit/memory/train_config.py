@@ -77,6 +77,9 @@ class TrainConfig:
     """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them;
     interleaved-1f1b and looped-bfs: 2 stages per rank, held along the schedule's order (coursekit.memory.pp_order:
     warm-up + 1 chunk micro-batches, and all 2·microbatches for looped-bfs)."""
+    pp_virtual: int | None = None
+    """Stages per pipeline rank (interleaved-1f1b, looped-bfs: v of the v·pp stages); None: as coursekit's trainer
+    runs the schedule (2 for those two, 1 for gpipe and 1f1b)."""
     pp_runtime: str = "torch"
     """torch: torch.distributed.pipelining as coursekit's trainer (and torchtitan) runs it: every micro-batch's ids,
     labels and receive buffer stay allocated for the whole step (measured); megatron: a micro-batch's inputs exist
@@ -135,6 +138,11 @@ class TrainConfig:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         for k in ("tp", "pp", "cp"):
             s(k, positive_int(k, getattr(self, k)))
+        if self.pp_virtual is not None:
+            s("pp_virtual", positive_int("pp_virtual", self.pp_virtual))
+            if self.pp_schedule in ("gpipe", "1f1b") and self.pp_virtual != 1:
+                raise ConfigError(f"pp_schedule {self.pp_schedule} keeps one stage per rank (pp_virtual 1, not "
+                                  f"{self.pp_virtual}); interleaved-1f1b or looped-bfs keep several")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ConfigError(f"zero stage must be 0, 1, 2 or 3, got {self.zero!r}")
         model_par = self.tp * self.pp * self.cp

@@ -94,6 +94,8 @@ class Layout:
         kw = dict(batch=self.micro_batch, recompute=self.recompute, dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
                   sp=self.sp and self.tp > 1, zero=self.zero, engine=self.engine,
                   pp_schedule=self.pp_schedule, microbatches=self.microbatches)
+        if self.virtual_stages > 1:  # interleaved 1F1B: more chunk micro-batches in flight than 1F1B
+            kw |= {"pp_schedule": "interleaved-1f1b", "pp_virtual": self.virtual_stages}
         if self.engine == "fsdp2" and self.dp_replicate > 1:
             kw["hsdp_shard"] = self.dp_shard
         return kw

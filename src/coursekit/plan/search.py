@@ -219,7 +219,10 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
         for rc in ([fixed["recompute"]] if "recompute" in fixed else RECOMPUTE):
             for mb in ([fixed["micro_batch"]] if "micro_batch" in fixed else _divisors(per_rank)):
                 L = replace(stub, micro_batch=mb, recompute=rc)
-                c = ev.candidate(L)
+                try:
+                    c = ev.candidate(L)
+                except ValueError:  # e.g. interleaved 1F1B with micro-batches torch cannot split into rounds
+                    continue
                 if not c.fits:
                     if keep_unfit:
                         out.append(c)

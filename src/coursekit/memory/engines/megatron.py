@@ -53,7 +53,9 @@ class Stage:
 
 def virtual(c) -> int:
     """Stages per pipeline rank under ``c.pp_schedule``."""
-    return pp_order.VIRTUAL[c.pp_schedule] if c.pp > 1 else 1
+    if c.pp == 1:
+        return 1
+    return c.pp_virtual if c.pp_virtual is not None else pp_order.VIRTUAL[c.pp_schedule]
 
 
 def chunk_layers(shape, c, g: int) -> int:
@@ -75,8 +77,7 @@ def stage(shape, c, i: int) -> Stage:
     elif virtual(c) == 1:
         in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
     else:  # chunk micro-batches held at the peak (the order of the schedule)
-        ops = pp_order.order(c.pp_schedule, c.pp, i, c.microbatches)
-        in_flight = pp_order.peak_held(ops, lambda g: 1)[0]  # the most at once (not always at the bytes' peak)
+        in_flight = pp_order.peak(c.pp_schedule, c.pp, i, c.microbatches, virtual(c), lambda g: 1)[0]  # the most at once (not always at the bytes' peak)
     return Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
                  (last + tied_copy) if is_last else 0, tensors, in_flight)
 
@@ -130,8 +131,8 @@ def saved_bytes(acts: ActivationReport, stage: Stage, c=None, shape=None, graph_
               for g in range(stage.index, S, c.pp)}
     whole = {g: acts.stage_bytes(ch.layers, ch.first, ch.last) for g, ch in chunks.items()}
     kept = {g: kept_of(ch) for g, ch in chunks.items()}
-    ops = pp_order.order(c.pp_schedule, c.pp, stage.index, c.microbatches)
-    return pp_order.peak_held(ops, whole.__getitem__, kept.__getitem__)[0]
+    return pp_order.peak(c.pp_schedule, c.pp, stage.index, c.microbatches, virtual(c), whole.__getitem__,
+                         kept.__getitem__ if any(kept.values()) else None)[0]
 
 
 def pinned_bytes(acts: ActivationReport, stage: Stage, c, buffers: bool = True) -> int:
