@@ -173,49 +173,17 @@ def strategy_rows(nprocs, cache: str, only=None) -> list[dict]:
     return rows
 
 
-QLORA = '''
-import sys, time, torch
-from torch.distributed.fsdp import fully_shard
-from coursekit.comm.counter import CollectiveCounter
-from coursekit.dist import session
-from coursekit.fsdp.memcheck import _by_kind
-from coursekit.fsdp.qlora import qlora_model
-from coursekit.launch import report
-from coursekit.measure import state_bytes
-from coursekit.models import blocks
-from coursekit.parallel.api import adamw
-from coursekit.train.loss import cross_entropy
-with session(seed=0) as info:
-    m = qlora_model("tiny-llama")
-    for b in blocks(m.base_model.model):
-        fully_shard(b)
-    fully_shard(m)
-    opt = adamw([p for p in m.parameters() if p.requires_grad], lr=1e-2)
-    x = torch.randint(0, 256, (8 // info.world_size, 33), generator=torch.Generator().manual_seed(info.rank))
-    times, losses = [], []
-    for s in range(6):
-        t = time.perf_counter()
-        with CollectiveCounter() as cc:
-            loss = cross_entropy(m(input_ids=x[:, :-1]).logits, x[:, 1:])
-            loss.backward()
-            opt.step()
-        held = state_bytes(m, opt)
-        opt.zero_grad()
-        times.append(time.perf_counter() - t)
-        losses.append(loss.item())
-    report({"times": times, "losses": losses, "held": held, "kinds": _by_kind(m),
-            "sent": sum(r.bytes for r in cc.records)})
-'''
 
 
 def qlora_rows(n: int) -> list[dict]:
     from coursekit.fsdp.qlora import predicted_bytes
-    from coursekit.launch import launch_code
+    from coursekit.launch import launch
     from coursekit.memory.calculator import resolve_model
 
-    res = launch_code(QLORA, nproc=n, timeout=900, stream=False)
+    res = launch("coursekit.fsdp.qlora_run", ["--steps", "6", "--batch", str(8 // n)], nproc=n, timeout=900,
+                 stream=False)
     out = []
-    for rank, r in list(enumerate(res.results))[:: max(1, n - 1)]:
+    for rank, r in list(enumerate(sorted(res.results, key=lambda r: r["rank"])))[:: max(1, n - 1)]:
         q = predicted_bytes(resolve_model("tiny-llama"), shard=n, rank=rank)
         *blocks, root = q["unit_gather_bytes"]  # all-gather: blocks in forward and again in backward, the root once
         plan = 2 * sum(blocks) + root + sum(q["unit_reduce_bytes"])

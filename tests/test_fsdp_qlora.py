@@ -13,43 +13,6 @@ import torch
 from coursekit.fsdp.qlora import TARGETS, lora_params, predicted_bytes, qlora_model
 from coursekit.memory.calculator import resolve_model
 
-RUN = '''
-import torch
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
-from coursekit.dist import session
-from coursekit.fsdp.qlora import qlora_model
-from coursekit.launch import report
-from coursekit.measure import state_bytes
-from coursekit.models import blocks
-from coursekit.parallel.api import adamw
-from coursekit.train.loss import cross_entropy
-with session(seed=0) as info:
-    m = qlora_model("tiny-llama")
-    for b in blocks(m.base_model.model):
-        fully_shard(b)
-    fully_shard(m)
-    opt = adamw([p for p in m.parameters() if p.requires_grad], lr=1e-2)
-    x = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(0))
-    losses = []
-    for s in range(4):
-        loss = cross_entropy(m(input_ids=x[:, :-1]).logits, x[:, 1:])
-        loss.backward()
-        opt.step()
-        held = state_bytes(m, opt)
-        opt.zero_grad()
-        losses.append(loss.item())
-    kinds = {"nf4_base": 0, "rest": 0, "adapters": 0}
-    for n, p in m.named_parameters():
-        loc = p.to_local() if isinstance(p, DTensor) else p
-        if type(loc).__name__ == "NF4Tensor":
-            kinds["nf4_base"] += sum(getattr(loc, k).untyped_storage().nbytes() for k in loc.__tensor_flatten__()[0])
-        else:
-            kinds["adapters" if p.requires_grad else "rest"] += loc.untyped_storage().nbytes()
-    report({"losses": losses, "held": held, "kinds": kinds,
-            "trainable": sum(p.numel() for p in m.parameters() if p.requires_grad)})
-'''
-
 
 def test_trainable_count_and_merge_check():
     shape = resolve_model("tiny-llama")
@@ -69,9 +32,9 @@ def test_trainable_count_and_merge_check():
 
 @pytest.fixture(scope="module")
 def qlora_run():
-    from coursekit.launch import launch_code
+    from coursekit.launch import launch
 
-    return launch_code(RUN, nproc=2, timeout=600, stream=False)
+    return launch("coursekit.fsdp.qlora_run", ["--steps", "4", "--batch", "4"], nproc=2, timeout=600, stream=False)
 
 
 def coursekit_memory(*argv) -> dict:
