@@ -45,7 +45,9 @@ def coursekit_memory(*argv) -> dict:
 
 
 def test_qlora_fsdp2_trains_and_holds_predicted_bytes(qlora_run, no_orphans):
-    for rank, r in enumerate(qlora_run.results):
+    assert sorted(r["rank"] for r in qlora_run.results) == [0, 1]
+    for r in qlora_run.results:
+        rank = r["rank"]
         d = coursekit_memory("--model", "tiny-llama", "--micro-batch", "4", "--seq", "32", "--dtype", "fp32",
                              "--strategy", "fsdp2", "--dp-shard", "2", "--dp-rank", str(rank), "--qlora",
                              "--lora-rank", "8", "--nf4-block", "32", "--nf4-scaler-block", "8")

@@ -158,6 +158,18 @@ def _cluster(gpus, gpu="H100-80GB", net="ib-400", g=8):
     return Cluster(hardware(gpu), network(net), gpus, g)
 
 
+def test_each_virtual_stage_count_is_pruned_on_its_own_memory():
+    """Interleaved 1F1B holds more chunk micro-batches at v = 2 than at v = 4 (``coursekit.memory.pp_order``), so
+    a (degrees, strategy) whose v = 2 set-up does not fit must not take v = 4 down with it: llama2-70b on 32 H100s,
+    ZeRO-1 dp 4 x pp 8, micro-batch 1, full recompute — v = 2 over the 95 % bound, v = 4 under it."""
+    args = dict(gpus=32, gpus_per_node=8, gpu="H100-80GB", seq=8192, global_batch=256)
+    base = dict(dp_replicate=4, pp=8, zero=1, engine="deepspeed", micro_batch=1, recompute="full")
+    v2, v4 = (evaluate("llama2-70b", dict(base, virtual_stages=v), **args) for v in (2, 4))
+    assert not v2.fits and v4.fits, (v2.peak_bytes / GiB, v4.peak_bytes / GiB)
+    found = [c.layout for c in plan("llama2-70b", **args)]
+    assert any(L.pp == 8 and L.tp == 1 and L.zero == 1 and L.virtual_stages == 4 and L.dp == 4 for L in found)
+
+
 def test_groups_sit_on_nvlink_or_the_network_by_mesh_order():
     L = Layout(tp=8, pp=4, dp_replicate=4)  # 128 GPUs, 16 nodes
     links = Links(L, _cluster(128))

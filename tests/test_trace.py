@@ -207,10 +207,11 @@ def test_fsdp2_prefetch_gathers_ahead_and_grows_overlap(fsdp_traces):
     without --prefetch FSDP2 calls every all-gather with ``async_op=False`` and on CPU (no streams) the training
     thread blocks in it, so no gloo event hides behind compute; with --prefetch the strategy issues the unshards
     with ``async_op=True`` on CPU and gloo's thread gathers the next units while this one computes. Measured on an
-    idle machine 2026-12-01: overlap 0.0 % on every rank and step without, 35-42 % with --prefetch 2. Asserted: the
+    idle machine 2026-12-01: overlap 0.0 % on every rank and step without, 35-42 % with --prefetch 2 (13-28 % on a
+    busier one). Asserted: the
     depth, the same collectives in the same number (per step 9 all-gathers: root + 4 blocks forward, 4 blocks again
     in backward), a median overlap under 10 % without prefetch (the bound the DDP one-bucket test uses for a gloo
-    thread that closes its event late on a loaded CPU), and over 10 % and above the no-prefetch run's with it."""
+    thread that closes its event late on a loaded CPU), and over 10 % with it."""
     from coursekit.profiling import prefetch
 
     k = MODEL["num_hidden_layers"]  # one unit per block, in forward order; backward visits them in reverse
@@ -238,7 +239,7 @@ def test_fsdp2_prefetch_gathers_ahead_and_grows_overlap(fsdp_traces):
         assert all(s["comm_ms"] > 0 for r in v["ranks"] for s in r["steps"])
     for rank in (0, 1):
         without, with_ = (statistics.median(pct[n][rank]) for n in (0, 2))
-        assert without < 10 < with_ and with_ > without, pct
+        assert without < 10 < with_, pct
 
 
 STRAGGLER = """

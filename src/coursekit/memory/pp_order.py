@@ -13,7 +13,8 @@ any moment is the sum over the (stage, micro-batch) pairs it has run forward and
 - LoopedBFS: every micro-batch through the rank's first stage, then through its next, ..., then the backwards in
   reverse: v·m chunk micro-batches at the peak (GPipe per stage).
 - Interleaved 1F1B (Narayanan et al. 2021): warm-up (v-1)·(m/rounds) + 2·(pp-1-rank) forwards (at most v·m), then a
-  forward and a backward alternating: one more than the warm-up at the peak, over both of its stages.
+  forward and a backward alternating: one more than the warm-up at the peak (the warm-up itself when it already
+  covers all v·m), over all v of its stages.
 
 Zero-bubble schedules (interleaved-zb, zbv, dualpipev) split a backward into the input's gradient and the weights'
 gradient, freeing a micro-batch's activations in two parts; that split is not modelled here.
@@ -24,6 +25,10 @@ from collections import defaultdict
 from functools import lru_cache
 
 from coursekit.memory.errors import ConfigError
+
+
+class RoundsError(ConfigError):
+    """Interleaved 1F1B with micro-batches torch cannot split into rounds (it refuses the schedule)."""
 
 MODELLED = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b")
 VIRTUAL = {"gpipe": 1, "1f1b": 1, "looped-bfs": 2, "interleaved-1f1b": 2}  # stages per rank, as coursekit.pp runs
@@ -61,7 +66,7 @@ def _rounds(pp: int, m: int) -> tuple[int, int]:
     """Interleaved 1F1B's rounds and micro-batches per round (torch's)."""
     rounds = max(1, m // pp)
     if m % rounds:
-        raise ConfigError(f"interleaved 1F1B needs micro-batches ({m}) divisible by its rounds ({rounds}): "
+        raise RoundsError(f"interleaved 1F1B needs micro-batches ({m}) divisible by its rounds ({rounds}): "
                           f"torch refuses it (a multiple of pp always works)")
     return rounds, m // rounds
 

@@ -75,8 +75,9 @@ class TrainConfig:
     """Micro-batches per optimizer step, the trainer's --grad-accum (under pp: the schedule's); None: pp."""
     pp_schedule: str = "1f1b"
     """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them;
-    interleaved-1f1b and looped-bfs: 2 stages per rank, held along the schedule's order (coursekit.memory.pp_order:
-    warm-up + 1 chunk micro-batches, and all 2·microbatches for looped-bfs)."""
+    interleaved-1f1b and looped-bfs: pp_virtual stages per rank, held along the schedule's order
+    (coursekit.memory.pp_order: warm-up + 1 chunk micro-batches for interleaved-1f1b, all pp_virtual·microbatches
+    for looped-bfs)."""
     pp_virtual: int | None = None
     """Stages per pipeline rank (interleaved-1f1b, looped-bfs: v of the v·pp stages); None: as coursekit's trainer
     runs the schedule (2 for those two, 1 for gpipe and 1f1b)."""
@@ -143,6 +144,9 @@ class TrainConfig:
             if self.pp_schedule in ("gpipe", "1f1b") and self.pp_virtual != 1:
                 raise ConfigError(f"pp_schedule {self.pp_schedule} keeps one stage per rank (pp_virtual 1, not "
                                   f"{self.pp_virtual}); interleaved-1f1b or looped-bfs keep several")
+            if self.pp_schedule not in ("gpipe", "1f1b") and self.pp_virtual < 2:
+                raise ConfigError(f"pp_schedule {self.pp_schedule} keeps several stages per rank: pp_virtual >= 2 "
+                                  f"(with one, use 1f1b or gpipe)")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ConfigError(f"zero stage must be 0, 1, 2 or 3, got {self.zero!r}")
         model_par = self.tp * self.pp * self.cp

@@ -9,7 +9,9 @@ the same bubble and holds more activations, so it never wins (``--layout pp_sche
 
 Pruning (exact, never drops a fitting layout): a (degrees, strategy) whose smallest configuration (micro-batch 1,
 full recompute) does not fit is skipped whole; micro-batches grow until the first that does not fit (memory grows
-with the micro-batch); the memory estimate is shared by layouts that differ only in virtual stages or CP kind.
+with the micro-batch); the memory estimate is shared by layouts that differ only in CP kind. Virtual stages are
+part of the skip key (interleaved 1F1B holds more chunk micro-batches at v = 2 than at v = 4), and a micro-batch
+count torch cannot split into interleaved rounds skips that micro-batch, not the layout.
 
 Fit: ``coursekit.memory.estimate`` peak <= (1 - MEMORY_SLACK) x GPU memory: the calculator's stated slack for
 allocator fragmentation and caching (its docstring: "leave 5-10 %").
@@ -20,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 
 from coursekit.memory import estimate, resolve_model
 from coursekit.memory.gpus import GiB
+from coursekit.memory.pp_order import RoundsError
 from coursekit.parallel import LayoutError, check_model
 from coursekit.plan.hardware import Hardware, Network, hardware as hw_lookup, network as net_lookup
 from coursekit.plan.layout import RECOMPUTE, Layout
@@ -204,11 +207,13 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
             stub = replace(stub, **preset)
         if any(getattr(stub, k) != v for k, v in fixed.items() if k not in ("micro_batch", "recompute")):
             continue
-        key = (stub.tp, stub.cp, stub.pp, stub.strategy, stub.dp_shard)
+        key = (stub.tp, stub.cp, stub.pp, stub.strategy, stub.dp_shard, stub.virtual_stages)
         if key in skipped:
             continue
         try:
             smallest = ev.peak(replace(stub, recompute="full"))
+        except RoundsError:  # micro-batch 1 cannot run interleaved; larger ones may: no pruning bound then
+            smallest = 0
         except ValueError:  # a layout the memory calculator refuses (e.g. CP without a flash kernel)
             skipped.add(key)
             continue
@@ -221,7 +226,7 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
                 L = replace(stub, micro_batch=mb, recompute=rc)
                 try:
                     c = ev.candidate(L)
-                except ValueError:  # e.g. interleaved 1F1B with micro-batches torch cannot split into rounds
+                except RoundsError:  # interleaved 1F1B with micro-batches torch cannot split into rounds
                     continue
                 if not c.fits:
                     if keep_unfit:

@@ -18,8 +18,9 @@ Whether an early all-gather also *overlaps* compute is another matter: ``coursek
 On CPU there are no streams, and FSDP2's default ``async_op=False`` makes every all-gather block the training thread
 while gloo's thread runs it: issued early or late, it would hide behind no compute. So on CPU ``--prefetch`` also
 sets ``async_op=True`` for the unshards (``fsdp/strategy.py``): the prefetched unit's all-gather runs on gloo's
-thread while the current unit computes, and is waited for when that unit is needed. Measured on 2 idle CPU ranks
-(4 blocks): overlap 0 % without prefetch, 35-42 % with ``--prefetch 2``.
+thread while the current unit computes, and is waited for when that unit is needed. Measured on 2 CPU ranks
+(4 blocks), 2026-12-01: overlap 0 % without prefetch in every run; with ``--prefetch 2`` 35-42 % per step idle,
+18-32 % in runs beside other work (Lab 5, bench_profiling).
 """
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ class _Peak:
         if key not in self.live and key in {self._key(p) for p in self._model.parameters()}:
             # a view of a parameter FSDP2 (or replicate) gathered for this forward, e.g. the ``weight.t()`` a
             # DTensor linear saves: model state on its own storage, registered on its module only while in use
+            # (looked up for every new storage: the local tensor of a DTensor's view is not itself a view)
             return t
         for k in [k for k, (_, slots) in self.live.items() if not slots]:  # released by the graph
             del self.live[k]

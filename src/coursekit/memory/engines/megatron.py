@@ -13,7 +13,9 @@
 - **CP** (context parallel) splits the sequence: activations and the loss buffers of ``seq / cp`` tokens per rank.
   CP ranks hold the same weights, so engines shard model states over dp · cp (``TrainConfig.shard_degree``).
 
-Only the first and the last stage are estimated: a middle stage holds no more than the first.
+With in-flight-only inputs (``pp_runtime`` megatron) only the first and the last stage are estimated: a middle
+stage holds no more than the first. torch's runtime keeps each done micro-batch's receive buffer on every stage but
+the first, so there every stage is estimated.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ class Stage:
     tensors: int
     """Parameter tensors on this stage."""
     in_flight: int
-    """Micro-batches whose activations this stage holds at once."""
+    """Micro-batches whose activations this stage holds at once (with several stages per rank: the most chunk
+    micro-batches it holds at once, which need not be when its bytes peak)."""
 
     @property
     def params(self) -> int:
@@ -77,13 +80,16 @@ def stage(shape, c, i: int) -> Stage:
     elif virtual(c) == 1:
         in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
     else:  # chunk micro-batches held at the peak (the order of the schedule)
-        in_flight = pp_order.peak(c.pp_schedule, c.pp, i, c.microbatches, virtual(c), lambda g: 1)[0]  # the most at once (not always at the bytes' peak)
+        # the most at once (not always when the bytes peak)
+        in_flight = pp_order.peak(c.pp_schedule, c.pp, i, c.microbatches, virtual(c), lambda g: 1)[0]
     return Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
                  (last + tied_copy) if is_last else 0, tensors, in_flight)
 
 
 def stages(shape, c) -> list[Stage]:
-    """The stages to estimate: stage 0, and the last one when ``pp > 1``."""
+    """The stages to estimate: stage 0, and the last one when ``pp > 1`` (every one under torch's runtime)."""
+    if c.pp > 1 and c.pp_runtime == "torch":
+        return [stage(shape, c, i) for i in range(c.pp)]
     return [stage(shape, c, i) for i in ([0] if c.pp == 1 else [0, c.pp - 1])]
 
 
