@@ -73,28 +73,30 @@ def _cached(fn):
     return inner
 
 
+def _traced(name: str, model, args: list, steps: int, profile_steps: str, seq: int, global_batch: int) -> dict:
+    """A 2-rank trainer run with ``args``, profiled for ``profile_steps``: {"dir", "records", "trace"}."""
+    from coursekit.profiling.trace import analyse
+
+    d = _folder(name)
+    recs = train(model, [*args, "--steps", steps, "--seq", seq, "--global-batch", global_batch, "--profile-dir", d,
+                         "--profile-steps", profile_steps])
+    return {"dir": str(d), "records": recs, "trace": analyse(d)}
+
+
 @_cached
 def ddp_traced(model, bucket_mb: float, *, steps: int = 5, profile_steps: str = "1:5", seq: int = 32,
                global_batch: int = 8) -> dict:
     """A 2-rank DDP run with ``bucket_mb`` MiB gradient buckets, profiled for ``profile_steps``."""
-    from coursekit.profiling.trace import analyse
-
-    d = _folder(f"ddp-{bucket_mb}")
-    recs = train(model, ["--strategy", "ddp", "--bucket-mb", bucket_mb, "--steps", steps, "--seq", seq,
-                         "--global-batch", global_batch, "--profile-dir", d, "--profile-steps", profile_steps])
-    return {"dir": str(d), "records": recs, "trace": analyse(d)}
+    return _traced(f"ddp-{bucket_mb}", model, ["--strategy", "ddp", "--bucket-mb", bucket_mb], steps, profile_steps,
+                   seq, global_batch)
 
 
 @_cached
 def fsdp_traced(model, prefetch: int, *, steps: int = 4, profile_steps: str = "1:3", seq: int = 32,
                 global_batch: int = 8) -> dict:
     """A 2-rank FSDP2 run (one unit per block) with ``--prefetch prefetch``, profiled for ``profile_steps``."""
-    from coursekit.profiling.trace import analyse
-
-    d = _folder(f"fsdp2-prefetch{prefetch}")
-    recs = train(model, ["--strategy", "fsdp2", "--prefetch", prefetch, "--steps", steps, "--seq", seq,
-                         "--global-batch", global_batch, "--profile-dir", d, "--profile-steps", profile_steps])
-    return {"dir": str(d), "records": recs, "trace": analyse(d)}
+    return _traced(f"fsdp2-prefetch{prefetch}", model, ["--strategy", "fsdp2", "--prefetch", prefetch], steps,
+                   profile_steps, seq, global_batch)
 
 
 @functools.cache
