@@ -24,11 +24,13 @@ import weakref
 
 class _Saved:
     """What autograd keeps for one saved slot: alive exactly as long as the graph holds that slot (a tensor the
-    caller still holds elsewhere, e.g. a micro-batch's labels after its backward, is no longer counted)."""
+    caller still holds elsewhere, e.g. a micro-batch's labels after its backward, is no longer counted). It holds a
+    detached alias, as autograd keeps a node's own output: the tensor itself would tie the node to its output in a
+    cycle that outlives the backward where the node is not run (a zero-bubble schedule's weight pass)."""
     __slots__ = ("t", "__weakref__")
 
     def __init__(self, t):
-        self.t = t
+        self.t = t.detach()
 
 
 class _Peak:
