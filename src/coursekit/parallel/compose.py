@@ -22,12 +22,14 @@ def parallelize(model, strategy, ctx):
     for name in registry.ORDER:
         if dims.degrees[name] > 1:
             model = registry.parallelism(name)(ctx).apply(model, strategy)
-    lm = model.lm if hasattr(model, "lm") else model  # a pipeline stage wraps the HF model
-    if t.recompute == "full":
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if t.compile:
-        from coursekit.models import blocks
+    # a pipeline stage wraps the HF model; a rank with several stages holds them as chunks
+    stages = list(model.chunks) if hasattr(model, "chunks") else [model]
+    for lm in [s.lm if hasattr(s, "lm") else s for s in stages]:
+        if t.recompute == "full":
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if t.compile:
+            from coursekit.models import blocks
 
-        for block in blocks(lm):
-            block.compile()
+            for block in blocks(lm):
+                block.compile()
     return model
