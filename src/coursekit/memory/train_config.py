@@ -10,7 +10,8 @@ from coursekit.memory import engines
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
 from coursekit.memory.qlora import TARGETS as LORA_TARGETS
 
-PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "looped-bfs")  # coursekit.memory.pp_order
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv",  # coursekit.memory
+                "dualpipev")                                                                    # .pp_order
 PP_RUNTIMES = ("torch", "megatron")
 DEFAULT_RUNTIME_BYTES = 1 * GiB
 DEFAULT_BUCKET_ELEMS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (5e8)
@@ -75,12 +76,13 @@ class TrainConfig:
     """Micro-batches per optimizer step, the trainer's --grad-accum (under pp: the schedule's); None: pp."""
     pp_schedule: str = "1f1b"
     """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them;
-    interleaved-1f1b and looped-bfs: pp_virtual stages per rank, held along the schedule's order
-    (coursekit.memory.pp_order: warm-up + 1 chunk micro-batches for interleaved-1f1b, all pp_virtual·microbatches
-    for looped-bfs)."""
+    interleaved-1f1b, looped-bfs and interleaved-zb: pp_virtual stages per rank; zbv and dualpipev: two in a V; held
+    along the schedule's order (coursekit.memory.pp_order: warm-up + 1 chunk micro-batches for interleaved-1f1b, all
+    pp_virtual·microbatches for looped-bfs; the zero-bubble schedules hold a micro-batch from its forward to its
+    weight pass)."""
     pp_virtual: int | None = None
-    """Stages per pipeline rank (interleaved-1f1b, looped-bfs: v of the v·pp stages); None: as coursekit's trainer
-    runs the schedule (2 for those two, 1 for gpipe and 1f1b)."""
+    """Stages per pipeline rank (interleaved-1f1b, looped-bfs, interleaved-zb: v of the v·pp stages; zbv, dualpipev:
+    2); None: as coursekit's trainer runs the schedule (2 for those five, 1 for gpipe and 1f1b)."""
     pp_runtime: str = "torch"
     """torch: torch.distributed.pipelining as coursekit's trainer (and torchtitan) runs it: every micro-batch's ids,
     labels and receive buffer stay allocated for the whole step (measured); megatron: a micro-batch's inputs exist
@@ -147,6 +149,9 @@ class TrainConfig:
             if self.pp_schedule not in ("gpipe", "1f1b") and self.pp_virtual < 2:
                 raise ConfigError(f"pp_schedule {self.pp_schedule} keeps several stages per rank: pp_virtual >= 2 "
                                   f"(with one, use 1f1b or gpipe)")
+            if self.pp_schedule in ("zbv", "dualpipev") and self.pp_virtual != 2:
+                raise ConfigError(f"pp_schedule {self.pp_schedule} keeps exactly two stages per rank in a V "
+                                  f"(pp_virtual 2, not {self.pp_virtual})")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ConfigError(f"zero stage must be 0, 1, 2 or 3, got {self.zero!r}")
         model_par = self.tp * self.pp * self.cp

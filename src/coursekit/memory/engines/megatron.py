@@ -7,9 +7,10 @@
 - **PP** (pipeline parallel) gives each of ``pp`` stages ``layers // pp`` layers (the first ``layers % pp`` one more);
   the first stage holds the embedding, the last the final norm, the head and the loss, and with ``pp > 1`` its own
   copy of a tied embedding. 1F1B keeps ``min(pp - i, m)`` micro-batches of activations in flight on stage ``i``,
-  GPipe all ``m`` (``m``: micro-batches per step, ``TrainConfig.microbatches``). Interleaved 1F1B and LoopedBFS
-  give each rank ``v`` stages of the ``v·pp`` (``layers // (v·pp)`` layers each, front-loaded); what a rank holds at
-  its peak comes from the schedule's order of forwards and backwards (``coursekit.memory.pp_order``).
+  GPipe all ``m`` (``m``: micro-batches per step, ``TrainConfig.microbatches``). Interleaved 1F1B, LoopedBFS and
+  interleaved zero bubble give each rank ``v`` stages of the ``v·pp`` (``layers // (v·pp)`` layers each,
+  front-loaded), ZBV and DualPipeV two in a V (rank 0 the first and the last); what a rank holds at its peak comes
+  from the schedule's order of forwards and backwards (``coursekit.memory.pp_order``).
 - **CP** (context parallel) splits the sequence: activations and the loss buffers of ``seq / cp`` tokens per rank.
   CP ranks hold the same weights, so engines shard model states over dp · cp (``TrainConfig.shard_degree``).
 
@@ -61,6 +62,11 @@ def virtual(c) -> int:
     return c.pp_virtual if c.pp_virtual is not None else pp_order.VIRTUAL[c.pp_schedule]
 
 
+def rank_stages(c, i: int) -> list[int]:
+    """The global stages pipeline rank ``i`` holds (rank i, i+pp, ...; r and 2·pp−1−r under zbv and dualpipev)."""
+    return [0] if c.pp == 1 else pp_order.rank_stages(c.pp_schedule, c.pp, i, virtual(c))
+
+
 def chunk_layers(shape, c, g: int) -> int:
     """Layers of global stage ``g`` of ``v·pp`` (front-loaded, as coursekit.pp splits them)."""
     base, extra = divmod(shape.layers, c.pp * virtual(c))
@@ -72,8 +78,9 @@ def stage(shape, c, i: int) -> Stage:
     per_layer, first, last, tied = shape.local_params(c.tp)
     t_layer, t_first, t_last = shape.local_tensors()
     tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
-    layers = sum(chunk_layers(shape, c, g) for g in range(i, c.pp * virtual(c), c.pp))
-    is_first, is_last = i == 0, i == c.pp - 1
+    held = rank_stages(c, i)
+    layers = sum(chunk_layers(shape, c, g) for g in held)
+    is_first, is_last = 0 in held, c.pp * virtual(c) - 1 in held  # the V shape puts both on rank 0
     tensors = layers * t_layer + (t_first if is_first else 0) + (t_last + bool(tied_copy) if is_last else 0)
     if c.pp == 1:
         in_flight = 1
@@ -134,11 +141,31 @@ def saved_bytes(acts: ActivationReport, stage: Stage, c=None, shape=None, graph_
     if shape is None:
         raise ValueError("saved_bytes of a multi-stage pipeline rank needs the model shape")
     chunks = {g: Stage(g, chunk_layers(shape, c, g), g == 0, g == S - 1, 0, 0, 0, 0, 0)
-              for g in range(stage.index, S, c.pp)}
-    whole = {g: acts.stage_bytes(ch.layers, ch.first, ch.last) for g, ch in chunks.items()}
-    kept = {g: kept_of(ch) for g, ch in chunks.items()}
+              for g in rank_stages(c, stage.index)}
+    # the step's ids (first stage) and labels (last) are micro-batch views of one tensor each: under torch's
+    # runtime that storage is held whole from the stage's first forward (measured), not one view at a time
+    step = {g: step_shared(acts, ch) if c.pp_runtime == "torch" or graph_only else 0 for g, ch in chunks.items()}
+    whole = {g: acts.stage_bytes(ch.layers, ch.first, ch.last) - step[g] for g, ch in chunks.items()}
+    kept = {g: kept_of(ch) - step[g] for g, ch in chunks.items()}
+    loss = {g: loss_bytes(acts, ch) for g, ch in chunks.items()}
     return pp_order.peak(c.pp_schedule, c.pp, stage.index, c.microbatches, virtual(c), whole.__getitem__,
-                         kept.__getitem__ if any(kept.values()) else None)[0]
+                         kept.__getitem__ if any(kept.values()) else None, loss.__getitem__,
+                         (lambda g: c.microbatches * step[g]) if any(step.values()) else None)[0]
+
+
+def step_shared(acts: ActivationReport, stage: Stage) -> int:
+    """One micro-batch's share of the step-wide tensors torch's schedule cuts into views: the ids the embedding
+    saves (first stage), the labels the loss saves (last)."""
+    return ((acts.embed.get("input_ids(int64)", 0) if stage.first else 0)
+            + (acts.head.get("loss.labels(int64)", 0) if stage.last else 0))
+
+
+def loss_bytes(acts: ActivationReport, stage: Stage) -> int:
+    """What a split backward's input pass frees at once on the last stage: the loss's saved buffers (log-softmax's
+    output, the total weight), which lie above the head's weight in the graph; the labels stay (the step's)."""
+    if not stage.last:
+        return 0
+    return sum(v for k, v in acts.head.items() if k.startswith("loss.") and k != "loss.labels(int64)")
 
 
 def pinned_bytes(acts: ActivationReport, stage: Stage, c, buffers: bool = True) -> int:
