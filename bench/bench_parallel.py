@@ -11,7 +11,8 @@ the same layout and that rank's stage (``coursekit.profiling.stepcount.predicted
 the counted step's collectives per rank by kind (``coursekit.profiling.stepcount``: all-reduce, all-gather,
 send/recv, ...).
 Bubbles (``coursekit.pp.probe``, a wider model: hidden 256, seq 128, micro-batch 2): the first stage's idle share
-of the step (1 − compute / span, the median of steps 2..4), the theory (p−1)/(v·m+p−1), the same formula fed with
+of the step (1 − compute / span, the median of steps 2..4), the theory (p−1)/(v·m+p−1) (zero-bubble schedules: their
+order replayed with equal stages, F = I = W, ``bubble.ideal``), the same formula fed with
 each stage's measured work per micro-batch (``bubble.theory_uneven``, GPipe and 1F1B: the last stage also runs the
 head and the loss), the replay of the same
 chunks' CPU seconds with free communication (``coursekit.pp.bubble.replay``: what uneven chunks alone give), the shares
@@ -81,25 +82,31 @@ def wide_model_file(d: str) -> str:
     return str(p)
 
 
+ZERO_BUBBLE = ("zbv", "interleaved-zb", "dualpipev")  # theory: their order replayed with F = I = W (bubble.ideal)
+
+
 def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
     """Per schedule and m: the median over steps 2.. of the first stage's bubble (1 − compute / span), its split into
     send/recv wait and other (schedule overhead), the replay with free communication, and the theory."""
     import statistics
 
     from coursekit.launch import launch
-    from coursekit.pp.bubble import breakdown, replay, theory, theory_uneven
+    from coursekit.pp.bubble import breakdown, ideal, replay, theory, theory_uneven
 
     rows = []
     # every schedule and m in one launch of the probe (the 1F1B family needs m >= pp)
-    sweep = ",".join(f"{kind}:{m}" for kind in schedules for m in ms if kind == "gpipe" or m >= 2)
+    sweep = ",".join(f"{kind}:{m}" for kind in schedules for m in ms
+                     if kind == "gpipe" or m >= (4 if kind == "dualpipev" else 2))  # dualpipev: m >= 2·pp
     res = launch("coursekit.pp.probe", ["--sweep", sweep, "--model", model, "--pp", "2", "--micro-batch", "2",
                                         "--steps", "4", "--seq", "128"], nproc=2, timeout=timeout, stream=False)
     for i, run in enumerate(res.results[0]["runs"]):
         steps = [[r["runs"][i]["steps"][k] for r in res.results] for k in range(1, len(run["steps"]))]
         b = [breakdown([x["timeline"] for x in st], [x["events"] for x in st])[0] for st in steps]
         med = lambda key: statistics.median(x[key] / (1 if key == "bubble" else x["span"]) for x in b)  # noqa
+        zb = run["schedule"] in ZERO_BUBBLE
         rows.append({"schedule": run["schedule"], "m": run["m"], "measured": med("bubble"),
-                     "p2p_wait": med("p2p_wait"), "other": med("other"), "theory": theory(2, run["m"], run["v"]),
+                     "p2p_wait": med("p2p_wait"), "other": med("other"),
+                     "theory": ideal(run["schedule"], 2, run["m"])[0] if zb else theory(2, run["m"], run["v"]),
                      "replay": statistics.median(replay([x["timeline"] for x in st], [x["events"] for x in st],
                                                         clock="cpu")[0] for st in steps),
                      "uneven": (statistics.median(theory_uneven([x["timeline"] for x in st], [x["events"] for x in st],
@@ -112,7 +119,7 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
 
 def predicted_stage_bytes(model: str, schedule: str, m: int, micro_batch: int, seq: int) -> list[int] | None:
     """``coursekit memory --pp 2 --pp-schedule K`` per stage for the probe's run (torch's runtime: what the
-    probe's PeakSaved counts); None for the zero-bubble schedules, whose split backward it does not model."""
+    probe's PeakSaved counts); None for a schedule it does not model."""
     from coursekit.memory import estimate
     from coursekit.memory.pp_order import MODELLED
 
@@ -134,7 +141,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         model = model_file(d)
         out = {"layouts": [] if a.quick or a.only == "bubbles" else layouts(model, a.timeout)}
-        scheds = ["gpipe", "1f1b"] if a.quick else ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zbv"]
+        scheds = (["gpipe", "1f1b"] if a.quick else
+                  ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zbv", "interleaved-zb", "dualpipev"])
         out["bubbles"] = [] if a.only == "layouts" else bubbles(wide_model_file(d), scheds,
                                                                 [1, 4] if a.quick else [1, 2, 4, 8], a.timeout)
     for r in out["layouts"]:
@@ -153,7 +161,7 @@ def main(argv=None) -> int:
               "  peak saved per stage (B) vs coursekit memory")
     for r in out["bubbles"]:
         pred = r["predicted_saved_bytes"]
-        vs = ("not modelled (split backward)" if pred is None else "equal" if pred == r["peak_saved_bytes"]
+        vs = ("not modelled" if pred is None else "equal" if pred == r["peak_saved_bytes"]
               else f"predicted {pred}")
         uneven = "      -" if r["uneven"] is None else f"{r['uneven']:7.3f}"
         print(f"{r['schedule']:<18} {r['m']:>2} {r['measured']:7.3f} {r['theory']:7.3f} {uneven} {r['replay']:7.3f} "

@@ -57,9 +57,11 @@ def test_zero_bubble_schedules_behind_a_wrap_are_refused_with_their_reason(kind,
                                                                                   "dualpipev")])  # ~15 s each
 def test_zero_bubble_schedules_with_bare_stages_equal_single(kind, four_layers, no_orphans):
     """dp = 1: the stages are not wrapped, and the zero-bubble schedules (backward split into input-gradient B and
-    weight-gradient W chunks) train equal to one process."""
-    res = train("ddp", 2, "--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", kind)
+    weight-gradient W chunks) train equal to one process; the trainer's counted step holds what the calculator
+    says along the schedule's order (a micro-batch's graph lives from its forward to its weight pass)."""
+    res = train("ddp", 2, "--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", kind, "--count-step")
     assert_equal_to_single(res, baseline("--model", four_layers))
+    assert_saved_as_predicted(res, ["--model", four_layers, *SCHEDULE_ARGS, "--pp-schedule", kind])
 
 
 def test_stages_per_rank_follow_the_schedules_layout():
@@ -83,50 +85,66 @@ def test_schedules_that_cannot_run_are_refused_before_launch(args, needle):
 
 
 def _torch_order(schedule, pp, rank, m, v):
-    """The compute actions torch's multi-stage schedule builds for ``rank`` (its pipeline_order, no idle slots)."""
+    """The compute actions torch's multi-stage schedule builds for ``rank`` (its pipeline_order, no idle slots; an
+    overlapped forward-backward pair as its two actions, in the order the runtime runs them)."""
     from torch.distributed.pipelining import schedules as S
 
-    cls = {"interleaved-1f1b": S.ScheduleInterleaved1F1B, "looped-bfs": S.ScheduleLoopedBFS}[schedule]
+    cls = {"interleaved-1f1b": S.ScheduleInterleaved1F1B, "looped-bfs": S.ScheduleLoopedBFS,
+           "interleaved-zb": S.ScheduleInterleavedZeroBubble, "zbv": S.ScheduleZBVZeroBubble,
+           "dualpipev": S.ScheduleDualPipeV}[schedule]
+    kind = {S.FORWARD: "F", S.FULL_BACKWARD: "B", S.BACKWARD_INPUT: "I", S.BACKWARD_WEIGHT: "W"}
     o = object.__new__(cls)  # the order is a pure function of these; no stages or process group needed
     o.pp_group_size, o._n_microbatches, o.n_local_stages, o._stages = pp, m, v, [None] * v
+    o.num_stages = pp * v
     o.number_of_rounds = max(1, m // pp)
     o.microbatches_per_round = m // o.number_of_rounds
-    return [("F" if a.computation_type == S._ComputationType.FORWARD else "B", a.stage_index, a.microbatch_index)
-            for a in o._calculate_single_rank_operations(rank) if a is not None]
+    return [(kind[x.computation_type], x.stage_index, x.microbatch_index)
+            for a in o._calculate_single_rank_operations(rank) if a is not None for x in (a.sub_actions or [a])]
 
 
-@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs"])
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev"])
 def test_calculator_schedule_orders_are_torchs(schedule):
-    """``coursekit.memory.pp_order`` (pure Python) builds the same forward/backward order per rank as torch's
-    schedule, for 2-4 ranks, 1-8 micro-batches and 2-3 stages per rank."""
-    from coursekit.memory.pp_order import order, peak, peak_held
+    """``coursekit.memory.pp_order`` (pure Python) builds the same order of forwards, backwards and (zero bubble)
+    input / weight passes per rank as torch's schedule, for 2-4 ranks, 1-10 micro-batches and 2-3 stages per rank
+    (2, in a V, for zbv and DualPipeV)."""
+    from coursekit.memory.pp_order import order, peak, peak_held, rank_stages
 
     n = 0
     for pp in (2, 3, 4):
-        for m in range(1, 9):
-            if schedule == "interleaved-1f1b" and m % max(1, m // pp):
+        for m in range(1, 11):
+            if schedule in ("interleaved-1f1b", "interleaved-zb") and m % max(1, m // pp):
                 continue  # torch refuses these
-            for v in (2, 3):
+            if schedule == "dualpipev" and m < 2 * pp:
+                continue  # and these (fewer micro-batches than stages)
+            for v in (2,) if schedule in ("zbv", "dualpipev") else (2, 3):
                 for rank in range(pp):
                     got = order(schedule, pp, rank, m, v)
                     assert got == _torch_order(schedule, pp, rank, m, v), (pp, m, v, rank)
                     if schedule == "interleaved-1f1b":  # the shortcut (warm-up + one period), stages of unequal bytes
                         weight = lambda s: 10 + s * s  # noqa: E731
                         assert peak(schedule, pp, rank, m, v, weight) == peak_held(got, weight)
-                    assert sorted(got) == sorted([(k, s, b) for k in "BF" for s in range(rank, v * pp, pp)
-                                                  for b in range(m)])  # every chunk micro-batch once each way
+                    for s in rank_stages(schedule, pp, rank, v):  # every chunk micro-batch: F, then B or I and W
+                        for b in range(m):
+                            kinds = [k for k, s_, b_ in got if (s_, b_) == (s, b)]
+                            assert kinds in (["F", "B"], ["F", "I", "W"]), (pp, m, rank, s, b, kinds)
                     n += 1
-    assert n > 100
-    # LoopedBFS holds every chunk micro-batch at once; interleaved 1F1B its warm-up + 1 on rank 0
-    peak = peak_held(order(schedule, 4, 0, 8, 2), lambda s: 1)[0]
-    assert peak == (16 if schedule == "looped-bfs" else 1 * 4 + 2 * 3 + 1)
+    assert n >= 40
+    chunks = [peak_held(order(schedule, 4, r, 8, 2), lambda s: 1)[0] for r in range(4)]
+    assert chunks == {"looped-bfs": [16] * 4,  # every chunk micro-batch at once
+                      "interleaved-1f1b": [11, 9, 7, 5],  # warm-up (v-1)·pp + 2·(pp-1-rank), + 1
+                      # ZB-V (Qi et al. 2024): 2·pp half-stage chunks on every rank, 1F1B's first-stage peak, balanced
+                      "zbv": [8] * 4,
+                      "dualpipev": [9] * 4,  # one half-stage chunk more than ZB-V, on every rank
+                      "interleaved-zb": [8] * 4}[schedule]
 
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(pp_schedule="interleaved-1f1b", pp_virtual=1), "keeps several stages per rank"),
     (dict(pp_schedule="1f1b", pp_virtual=2), "keeps one stage per rank"),
     (dict(pp_schedule="looped-bfs", pp=4), "exceeds the 4 layers"),  # 2 stages per rank x 4 ranks on 4 layers
-    (dict(pp_schedule="interleaved-1f1b", microbatches=5), "divisible by its rounds"),  # torch refuses 5 on 2
+    (dict(pp_schedule="interleaved-1f1b", microbatches=5), "divisible by their rounds"),  # torch refuses 5 on 2
+    (dict(pp_schedule="zbv", pp_virtual=3), "exactly two stages per rank"),
+    (dict(pp_schedule="dualpipev", microbatches=3), "at least as many micro-batches as stages"),
 ])
 def test_calculator_refuses_schedules_it_cannot_model(kw, needle, four_layers):
     from coursekit.memory import estimate
@@ -157,6 +175,27 @@ def test_bubble_theory():
     assert theory(2, 1) == pytest.approx(1 / 2)
 
 
+def test_each_schedules_order_with_equal_stages_replays_its_bubble():
+    """``bubble.ideal`` replays torch's order of each schedule with equal stages (F = I = W = 1, B = 2): GPipe, 1F1B,
+    interleaved 1F1B and LoopedBFS give the closed forms, on every rank; the zero-bubble schedules give less than
+    interleaving does at the same m, and shrink with m (their weight passes fill the bubble)."""
+    from coursekit.pp.bubble import ideal, theory
+
+    for p in (2, 3, 4):
+        for m in (p, 2 * p, 4 * p):
+            for kind, v in (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("looped-bfs", 2), ("looped-bfs", 3)):
+                assert ideal(kind, p, m, v) == pytest.approx([theory(p, m, v)] * p), (kind, p, m, v)
+            for kind in ("zbv", "interleaved-zb", "dualpipev"):
+                if kind == "dualpipev" and m < 2 * p:
+                    continue
+                zb = ideal(kind, p, m)
+                assert max(zb) < theory(p, m, 2), (kind, p, m, zb)
+                assert max(ideal(kind, p, 2 * m)) < min(zb)
+    # 8 micro-batches x 2 stages x (F, I, W) = 48 slots of work per rank; the one idle slot is the wait for the first
+    # forward of the other rank (rank 1 at the start, rank 0 at the turn of the V)
+    assert ideal("zbv", 2, 8) == pytest.approx([1 / 49] * 2)
+
+
 def test_replay_of_an_even_gpipe_timeline_is_the_theory():
     """Two stages, two micro-batches, F = 1, B = 2 on both: the replayed schedule idles (p−1)/(m+p−1) = 1/3."""
     from coursekit.pp.bubble import breakdown, replay, theory
@@ -180,28 +219,32 @@ def _memory(model, kind, m, micro_batch, seq):
 
 def test_peak_saved_bytes_per_stage_equal_coursekit_memory(four_layers, no_orphans):
     """2 stages of 2 blocks, GPipe and 1F1B at m = 2 and 4, micro-batch 2, seq 32, fp32 (and interleaved 1F1B at
-    m = 4 and LoopedBFS at m = 2, 2 stages of 1 block per rank, the peak along their order): each rank's peak of live
-    saved-for-backward storages during a schedule step (``PeakSaved``: storages once, parameters excluded) equals
-    ``coursekit memory --pp 2 --pp-schedule K`` for that stage, to the byte. GPipe holds all m micro-batches on
-    both stages; 1F1B holds 2 on stage 0 and 1 on stage 1 — plus what torch's schedule pins for every micro-batch
-    (the step's input ids and labels, cut into views of one tensor; stage 1's receive buffers, which the first
-    fp32 RMSNorm saves as they are): ``megatron.pinned_bytes``. Steps 2 and 3 are compared: a schedule's first
-    step also runs torch's one-time metadata inference (``PipelineStage._forward_metadata_inference``: a forward of
-    micro-batch 0 with grad enabled, then a backward), whose saved tensors add to stage 0's first peak (measured:
-    +453,632 B on every run here)."""
-    sweep = "gpipe:2,gpipe:4,1f1b:2,1f1b:4,interleaved-1f1b:4,looped-bfs:2"
+    m = 4, LoopedBFS at m = 2 and the zero-bubble schedules at m = 4, 2 stages of 1 block per rank, the peak along
+    their order; under a split backward a micro-batch is held from its forward to its weight pass): each rank's
+    peak of live saved-for-backward storages during a schedule step (``PeakSaved``: storages once, parameters
+    excluded) equals ``coursekit memory --pp 2 --pp-schedule K`` for that stage, to the byte. GPipe holds all m
+    micro-batches on both stages; 1F1B holds 2 on stage 0 and 1 on stage 1 — plus what torch's schedule pins for
+    every micro-batch (the step's input ids and labels, cut into views of one tensor; stage 1's receive buffers,
+    which the first fp32 RMSNorm saves as they are): ``megatron.pinned_bytes``. Steps 2 and 3 are compared: a
+    schedule's first step also runs torch's one-time metadata inference (``PipelineStage._forward_metadata_inference``:
+    a forward of micro-batch 0 with grad enabled, then a backward), whose saved tensors add to stage 0's first peak
+    (measured: +453,632 B on every run here)."""
+    from coursekit.pp import stages_of
+
+    sweep = "gpipe:2,gpipe:4,1f1b:2,1f1b:4,interleaved-1f1b:4,looped-bfs:2,zbv:4,interleaved-zb:4,dualpipev:4"
     res = launch("coursekit.pp.probe", ["--sweep", sweep, "--model", four_layers, "--pp",
                                         "2", "--micro-batch", "2", "--seq", "32", "--steps", "3", "--dtype", "fp32"],
                  nproc=2, timeout=300, stream=False).results
     seen = {}
     for rank in res:
         for run in rank["runs"]:
-            stage = rank["rank"]  # the pipeline rank: one stage, or two (r and r + 2) for interleaved / looped
-            assert run["stages"] == ([stage] if run["v"] == 1 else [stage, stage + 2])
+            stage = rank["rank"]  # the pipeline rank: one stage, or two (r and r + 2; in a V r and 3 - r)
+            assert run["stages"] == stages_of(stage, 2, run["schedule"])
             est = _memory(four_layers, run["schedule"], run["m"], 2, 32)["pp_stages"][stage]
             assert est["in_flight"] == {"gpipe": run["m"], "1f1b": min(2 - stage, run["m"]),
                                         "interleaved-1f1b": 5 - 2 * stage,  # warm-up 2 + 2 (1 - rank), + 1
-                                        "looped-bfs": 2 * run["m"]}[run["schedule"]]
+                                        "looped-bfs": 2 * run["m"], "zbv": 4, "interleaved-zb": 4,
+                                        "dualpipev": 5}[run["schedule"]]
             first, *got = [s["peak_saved"] for s in run["steps"]]
             assert got == [est["saved_activations_bytes"]] * 2, (stage, run["schedule"], run["m"], got, est)
             assert first >= got[0]
@@ -211,6 +254,8 @@ def test_peak_saved_bytes_per_stage_equal_coursekit_memory(four_layers, no_orpha
         # interleaving buys its smaller bubble with more in flight than 1F1B (5 and 3 chunks of half a stage)
         assert seen[("1f1b", 4, stage)] < seen[("interleaved-1f1b", 4, stage)] < seen[("gpipe", 4, stage)]
         assert seen[("gpipe", 4, stage)] > seen[("gpipe", 2, stage)]
+    # ZB-V holds as much on the last pipeline rank as on the first (1F1B: 1 micro-batch there against 2)
+    assert seen[("zbv", 4, 1)] > seen[("1f1b", 4, 1)]
 
 
 def _probe(model, kind, m, steps=2):

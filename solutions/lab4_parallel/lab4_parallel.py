@@ -264,8 +264,12 @@ for _kind in ("1f1b", "interleaved-1f1b"):  # same m, the other schedules
 # run can also land below theory: chunks are not equal (a backward takes about twice a forward, the last stage also
 # computes the loss), and on a machine shared with other jobs a chunk's time includes moments the OS ran something
 # else. On GPUs, with long chunks and NVLink hand-offs, the measurement comes close to (p−1)/(v·m+p−1).
-# `bench/bench_parallel.py` runs more schedules and m. Zero-bubble schedules and DualPipeV run with hand-made stages
-# on gloo, but the trainer refuses them for now (a KeyError inside torch's composable `replicate` on gloo).
+# `bench/bench_parallel.py` runs more schedules and m. The zero-bubble schedules (`--pp-schedule zbv`,
+# `interleaved-zb`, `dualpipev`) split each backward into an input pass and a weight pass that runs later, in what
+# would be the bubble; the trainer runs them with bare stages (one data-parallel replica: behind a data-parallel wrap
+# torch's weight pass does not find the parameters). Their price is memory: torch's input pass keeps a micro-batch's
+# whole graph until its weight pass, so ZB-V holds 2·pp half-size chunks on every rank, 1F1B's first-stage peak on
+# every stage; `coursekit memory --pp-schedule zbv` predicts it, equal to the measured bytes (README).
 #
 # Interleaving pays for its smaller bubble in memory. At m = 4 on 2 ranks, 1F1B's rank 0 holds 2 micro-batches of
 # its stage at its peak; interleaved 1F1B's holds 5 of its half-size stages (its warm-up runs 4 forwards before the

@@ -2,6 +2,7 @@
 
     theory(p=2, m=4)        -> 1/5      GPipe and 1F1B: (p−1)/(m+p−1)
     theory(p=2, m=4, v=2)   -> 1/9      interleaved, v stages per rank: (p−1)/(v·m+p−1)
+    ideal("zbv", p=2, m=4)  -> per rank: the schedule's own order replayed with equal stages (F = I = W = 1, B = 2)
     measured(timelines)     -> idle share of each rank over the step (Σ busy chunk time / the step's span)
     breakdown(timelines, events) -> per rank: compute, send/recv wait, schedule overhead (seconds) and the bubble
     replay(timelines, events, clock="cpu") -> the bubble with the measured chunk costs and free communication
@@ -24,6 +25,24 @@ import weakref
 
 def theory(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
+
+
+def ideal(schedule: str, p: int, m: int, v: int | None = None) -> list[float]:
+    """Each rank's bubble when every stage costs the same — a forward 1, an input or a weight pass 1, a full backward
+    2 — replaying the schedule's own order (``coursekit.memory.pp_order``, torch's). For GPipe, 1F1B and interleaved
+    1F1B it is ``theory`` (tests/test_pp.py); for the zero-bubble schedules, which have no closed form here, it is
+    what is left once weight passes fill the bubble (ZB-V on 2 ranks, 8 micro-batches: 1 slot of 49)."""
+    from coursekit.memory import pp_order
+
+    cost = {"F": 1, "I": 1, "W": 1, "B": 2}
+    timelines = []
+    for rank in range(p):
+        t, tl = 0.0, []
+        for kind, stage, mb in pp_order.order(schedule, p, rank, m, v):
+            tl.append((stage, "B" if kind == "I" else kind, mb, t, t + cost[kind], cost[kind]))
+            t += cost[kind]
+        timelines.append(tl)
+    return replay(timelines)
 
 
 def _duration(clock: str):
