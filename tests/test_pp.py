@@ -293,54 +293,65 @@ def wide(tmp_path_factory):
     return str(path)
 
 
-# |bubble - theory| allowed for the bubble replayed from each chunk's CPU seconds, the median of steps 2..5 per rank.
-# Why 0.08: the stages are not even — the last one also runs the head (h x V) and the loss, ~5 % more than stage 0's
-# two blocks, which alone puts stage 0's bubble 0.03-0.04 above theory at m = 4 (1 - m·c0 / (m·c1 + c0)); and a
-# chunk's CPU seconds still vary by a few percent between steps on a shared machine (caches, SMT): seen up to +0.074
-# at one step, medians +0.057 at most (interleaved, m = 2) under a load average of 18-28 on the 2 cores.
-BUBBLE_TOL = 0.08
-# GPipe and 1F1B are held to the formula fed with each stage's measured work instead (bubble.theory_uneven: the
-# head and the loss included), which leaves only the step-to-step variation of the chunks (the demo's bound).
-UNEVEN_TOL = 0.02
+# |replayed bubble - the order replayed with the stages' measured costs| allowed. The replay feeds every chunk's own
+# CPU seconds; the reference (bubble.ideal with cost=) each stage's median per kind: what is left is the variation of
+# one stage's chunks within a step (a few percent on a shared machine). Seen at most 0.025 over 14 schedule runs.
+# The equal-stage theory is not the reference here: which of the two cores runs the faster stage changes from run
+# to run on this machine (rank 0's replayed GPipe bubble at m = 4: 0.257 in one run, 0.325 in the next, theory 0.2),
+# so a fixed tolerance to it fails now and then (it did at 0.08); bubble.ideal's equal-stage value is the closed form
+# exactly (test_each_schedules_order_with_equal_stages_replays_its_bubble).
+ORDER_TOL = 0.04
 
 
-@pytest.mark.slow  # 6 schedule runs of a wider model, 5 steps each: ~2.5 min on 2 loaded cores
-def test_bubble_from_timed_chunks_is_the_theory(wide, no_orphans):
-    """GPipe and 1F1B at m = 2, 4 ((p−1)/(m+p−1)) and interleaved 1F1B (v = 2: (p−1)/(v·m+p−1)) on 2 stages.
-
-    Every chunk (forward, backward, the loss) is timed in wall-clock and in CPU seconds, every send/recv wait too.
-    The bubble the schedule imposes — each rank runs its chunks in the order it ran them, as soon as their inputs
-    exist, with the measured CPU cost of each and free communication (``bubble.replay(clock="cpu")``) — is within
-    UNEVEN_TOL of the formula with the stages' measured work (GPipe, 1F1B) and within BUBBLE_TOL of the equal-stage
-    theory on both ranks (all three schedules). The wall-clock bubble (1 − compute / span) is not held to the theory
-    here: other jobs take the cores away mid-chunk (wall / CPU ``stretch`` of 2-7 seen), and send/recv and the schedule's
-    Python between chunks count as idle; what holds exactly is that it is never below the replay of the same wall
-    chunks (any real run of those chunks in that order takes at least as long), and its split into compute, p2p
-    wait and other adds up to the span."""
+def _stage_costs(timelines, events) -> dict:
+    """{(stage, kind): median CPU seconds} of one step's chunks, the last stage's loss folded into its forward."""
     import statistics
 
-    from coursekit.pp.bubble import breakdown, replay, theory, theory_uneven
+    chunks: dict = {}
+    for tl in timelines:
+        for c in tl:
+            chunks.setdefault((c[0], c[1]), []).append(c[5])
+    cost = {k: statistics.median(v) for k, v in chunks.items()}
+    last = max(k[0] for k in cost)
+    loss = [e[5] for ev in events for e in ev if e[1] == "L"]
+    cost[(last, "F")] += statistics.median(loss)
+    return cost
 
-    sweep = "gpipe:2,gpipe:4,1f1b:2,1f1b:4,interleaved-1f1b:2,interleaved-1f1b:4"
+
+@pytest.mark.slow  # 7 schedule runs of a wider model, 5 steps each: ~1 min on 2 idle cores
+def test_bubble_from_timed_chunks_is_the_schedule_with_its_stages_costs(wide, no_orphans):
+    """GPipe and 1F1B at m = 2, 4, interleaved 1F1B (v = 2) at m = 2, 4 and ZB-V at m = 4, on 2 ranks.
+
+    Every chunk (forward, backward, weight pass, the loss) is timed in wall-clock and in CPU seconds, every send/recv
+    wait too. The bubble the schedule imposes — each rank runs its chunks in the order it ran them, as soon as their
+    inputs exist, with the measured CPU cost of each and free communication (``bubble.replay(clock="cpu")``) — is,
+    within ORDER_TOL on both ranks, the schedule's own order (``coursekit.memory.pp_order``) replayed with each
+    stage's median cost per kind (``bubble.ideal(..., cost=)``: the theory with the stages as they are, uneven: the
+    last one also runs the head and the loss). The wall-clock bubble (1 − compute / span) is not held to a formula
+    here: other jobs take the cores away mid-chunk (wall / CPU ``stretch`` of 2-7 seen), and send/recv and the
+    schedule's Python between chunks count as idle; what holds exactly is that it is never below the replay of the
+    same wall chunks (any real run of those chunks in that order takes at least as long), and its split into
+    compute, p2p wait and other adds up to the span."""
+    import statistics
+
+    from coursekit.pp.bubble import breakdown, ideal, replay
+
+    sweep = "gpipe:2,gpipe:4,1f1b:2,1f1b:4,interleaved-1f1b:2,interleaved-1f1b:4,zbv:4"
     res = launch("coursekit.pp.probe", ["--sweep", sweep, "--model", wide, "--pp", "2", "--micro-batch", "2",
                                         "--seq", "128", "--steps", "5"], nproc=2, timeout=600, stream=False).results
     for i, run in enumerate(res[0]["runs"]):
-        th = theory(2, run["m"], run["v"])
         steps = [([r["runs"][i]["steps"][k]["timeline"] for r in res], [r["runs"][i]["steps"][k]["events"] for r in res])
                  for k in range(1, 5)]
         cpu = [statistics.median(replay(tl, ev, clock="cpu")[r] for tl, ev in steps) for r in (0, 1)]
-        assert all(abs(b - th) <= BUBBLE_TOL for b in cpu), (run["schedule"], run["m"], th, cpu)
-        if run["v"] == 1:
-            uneven = [statistics.median(theory_uneven(tl, ev, run["m"], run["schedule"])[r] for tl, ev in steps)
-                      for r in (0, 1)]
-            assert all(abs(b - u) <= UNEVEN_TOL for b, u in zip(cpu, uneven)), (run["schedule"], run["m"], uneven,
-                                                                                 cpu)
+        ref = [statistics.median(ideal(run["schedule"], 2, run["m"], None, _stage_costs(tl, ev))[r] for tl, ev in steps)
+               for r in (0, 1)]
+        assert all(abs(b - x) <= ORDER_TOL for b, x in zip(cpu, ref)), (run["schedule"], run["m"], ref, cpu)
         for tl, ev in steps:
             wall, floor = breakdown(tl, ev), replay(tl, ev)
             for b, f in zip(wall, floor):
                 assert b["bubble"] >= f - 1e-9
                 assert b["compute"] + b["p2p_wait"] + b["other"] == pytest.approx(b["span"])
-            assert sum(e[1] == "L" for e in ev[1]) == run["m"]  # the last stage's loss, once per micro-batch
+            assert sum(e[1] == "L" for e in ev[1 if run["schedule"] != "zbv" else 0]) == run["m"]  # the loss, once per mb
     assert [(r["schedule"], r["m"]) for r in res[0]["runs"]] == [(k, int(m)) for k, m in
                                                                   (x.split(":") for x in sweep.split(","))]
 

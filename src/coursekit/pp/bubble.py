@@ -27,20 +27,24 @@ def theory(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
-def ideal(schedule: str, p: int, m: int, v: int | None = None) -> list[float]:
+def ideal(schedule: str, p: int, m: int, v: int | None = None, cost: dict | None = None) -> list[float]:
     """Each rank's bubble when every stage costs the same — a forward 1, an input or a weight pass 1, a full backward
     2 — replaying the schedule's own order (``coursekit.memory.pp_order``, torch's). For GPipe, 1F1B and interleaved
     1F1B it is ``theory`` (tests/test_pp.py); for the zero-bubble schedules, which have no closed form here, it is
-    what is left once weight passes fill the bubble (ZB-V on 2 ranks, 8 micro-batches: 1 slot of 49)."""
+    what is left once weight passes fill the bubble (ZB-V on 2 ranks, 8 micro-batches: 1 slot of 49).
+    ``cost``: {(stage, kind): seconds} instead, kind as in a timeline (F, B — a full backward or an input pass —, W;
+    the last stage's loss folded into its F): the same order with each stage's measured work."""
     from coursekit.memory import pp_order
 
-    cost = {"F": 1, "I": 1, "W": 1, "B": 2}
+    unit = {"F": 1, "I": 1, "W": 1, "B": 2}
     timelines = []
     for rank in range(p):
         t, tl = 0.0, []
         for kind, stage, mb in pp_order.order(schedule, p, rank, m, v):
-            tl.append((stage, "B" if kind == "I" else kind, mb, t, t + cost[kind], cost[kind]))
-            t += cost[kind]
+            k = "B" if kind == "I" else kind
+            d = unit[kind] if cost is None else cost[(stage, k)]
+            tl.append((stage, k, mb, t, t + d, d))
+            t += d
         timelines.append(tl)
     return replay(timelines)
 
