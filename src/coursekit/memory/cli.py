@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="micro-batches per optimizer step, under pp the schedule's (default: pp; alias --microbatches)")
     a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES),
       help="what a stage holds at its peak follows the schedule's order (coursekit.memory.pp_order)")
-    a("--pp-virtual", type=int, help="stages per rank for interleaved-1f1b / looped-bfs (default 2, as the trainer)")
+    a("--pp-virtual", type=int, help="stages per rank for interleaved-1f1b / looped-bfs / interleaved-zb (default 2, "
+      "as the trainer; zbv and dualpipev: exactly 2, in a V)")
     a("--pp-runtime", default="torch", choices=["torch", "megatron"],
       help="torch: torch.distributed.pipelining keeps every micro-batch's inputs for the step; megatron: in flight only")
     a("--offload", default="none", choices=list(OFFLOAD), help="optimizer-state offload")
