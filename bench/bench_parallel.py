@@ -82,15 +82,13 @@ def wide_model_file(d: str) -> str:
     return str(p)
 
 
-ZERO_BUBBLE = ("zbv", "interleaved-zb", "dualpipev")  # theory: their order replayed with F = I = W (bubble.ideal)
-
-
 def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
     """Per schedule and m: the median over steps 2.. of the first stage's bubble (1 − compute / span), its split into
     send/recv wait and other (schedule overhead), the replay with free communication, and the theory."""
     import statistics
 
     from coursekit.launch import launch
+    from coursekit.pp import SPLIT_BACKWARD
     from coursekit.pp.bubble import breakdown, ideal, replay, theory, theory_uneven
 
     rows = []
@@ -103,7 +101,7 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
         steps = [[r["runs"][i]["steps"][k] for r in res.results] for k in range(1, len(run["steps"]))]
         b = [breakdown([x["timeline"] for x in st], [x["events"] for x in st])[0] for st in steps]
         med = lambda key: statistics.median(x[key] / (1 if key == "bubble" else x["span"]) for x in b)  # noqa
-        zb = run["schedule"] in ZERO_BUBBLE
+        zb = run["schedule"] in SPLIT_BACKWARD  # theory: the order replayed with F = I = W (bubble.ideal)
         rows.append({"schedule": run["schedule"], "m": run["m"], "measured": med("bubble"),
                      "p2p_wait": med("p2p_wait"), "other": med("other"),
                      "theory": ideal(run["schedule"], 2, run["m"])[0] if zb else theory(2, run["m"], run["v"]),

@@ -107,7 +107,8 @@ def test_calculator_schedule_orders_are_torchs(schedule):
     """``coursekit.memory.pp_order`` (pure Python) builds the same order of forwards, backwards and (zero bubble)
     input / weight passes per rank as torch's schedule, for 2-4 ranks, 1-10 micro-batches and 2-3 stages per rank
     (2, in a V, for zbv and DualPipeV)."""
-    from coursekit.memory.pp_order import order, peak, peak_held, rank_stages
+    from coursekit.memory.pp_order import order, peak, peak_held
+    from coursekit.pp import stages_of
 
     n = 0
     for pp in (2, 3, 4):
@@ -123,7 +124,7 @@ def test_calculator_schedule_orders_are_torchs(schedule):
                     if schedule == "interleaved-1f1b":  # the shortcut (warm-up + one period), stages of unequal bytes
                         weight = lambda s: 10 + s * s  # noqa: E731
                         assert peak(schedule, pp, rank, m, v, weight) == peak_held(got, weight)
-                    for s in rank_stages(schedule, pp, rank, v):  # every chunk micro-batch: F, then B or I and W
+                    for s in stages_of(rank, pp, schedule, v):  # every chunk micro-batch: F, then B or I and W
                         for b in range(m):
                             kinds = [k for k, s_, b_ in got if (s_, b_) == (s, b)]
                             assert kinds in (["F", "B"], ["F", "I", "W"]), (pp, m, rank, s, b, kinds)

@@ -36,22 +36,15 @@ from collections import defaultdict
 from functools import lru_cache
 
 from coursekit.memory.errors import ConfigError
+from coursekit.pp import SCHEDULES, stages_of
 
 
 class RoundsError(ConfigError):
     """Interleaved 1F1B with micro-batches torch cannot split into rounds (it refuses the schedule)."""
 
 MODELLED = ("gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev")
-VIRTUAL = {"gpipe": 1, "1f1b": 1, "looped-bfs": 2, "interleaved-1f1b": 2,  # stages per rank, as coursekit.pp runs
-           "interleaved-zb": 2, "zbv": 2, "dualpipev": 2}
-V_SHAPE = ("zbv", "dualpipev")  # exactly two stages per rank: r and 2·pp−1−r
-
-
-def rank_stages(schedule: str, pp: int, rank: int, v: int | None = None) -> list[int]:
-    """The global stages pipeline rank ``rank`` holds (as ``coursekit.pp.stages_of``)."""
-    if schedule in V_SHAPE:
-        return [rank, 2 * pp - 1 - rank]
-    return [rank + i * pp for i in range(VIRTUAL.get(schedule, 1) if v is None else v)]
+VIRTUAL = {k: v for k, (_, v, _) in SCHEDULES.items()}  # stages per rank, as coursekit.pp runs them
+V_SHAPE = tuple(k for k, (_, _, shape) in SCHEDULES.items() if shape == "v")  # exactly two: r and 2·pp−1−r
 
 
 def order(schedule: str, pp: int, rank: int, m: int, v: int | None = None) -> list[tuple[str, int, int]]:
@@ -72,7 +65,7 @@ def _order(schedule: str, pp: int, rank: int, m: int, v: int) -> tuple:
         raise ConfigError(f"need 0 <= rank < pp and m, v >= 1 (rank {rank}, pp {pp}, m {m}, v {v})")
     if schedule == "dualpipev" and m < 2 * pp:
         raise ConfigError(f"dualpipev needs at least as many micro-batches as stages (2 x pp = {2 * pp}), not {m}")
-    stages = rank_stages(schedule, pp, rank, v)
+    stages = stages_of(rank, pp, schedule, v)
     if schedule == "gpipe":
         return tuple([("F", rank, k) for k in range(m)] + [("B", rank, k) for k in range(m)])
     if schedule == "1f1b":

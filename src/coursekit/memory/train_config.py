@@ -6,12 +6,11 @@ from dataclasses import dataclass, fields
 from coursekit.memory.activations import ATTENTION, CP_IMPLS, DTYPE_BYTES, IMPLS, KERNELS, POSITION_IDS, RECOMPUTE
 from coursekit.memory.errors import ConfigError, choice, positive_int
 from coursekit.memory.gpus import GiB
-from coursekit.memory import engines
+from coursekit.memory import engines, pp_order
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
 from coursekit.memory.qlora import TARGETS as LORA_TARGETS
 
-PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv",  # coursekit.memory
-                "dualpipev")                                                                    # .pp_order
+PP_SCHEDULES = pp_order.MODELLED
 PP_RUNTIMES = ("torch", "megatron")
 DEFAULT_RUNTIME_BYTES = 1 * GiB
 DEFAULT_BUCKET_ELEMS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (5e8)
@@ -149,7 +148,7 @@ class TrainConfig:
             if self.pp_schedule not in ("gpipe", "1f1b") and self.pp_virtual < 2:
                 raise ConfigError(f"pp_schedule {self.pp_schedule} keeps several stages per rank: pp_virtual >= 2 "
                                   f"(with one, use 1f1b or gpipe)")
-            if self.pp_schedule in ("zbv", "dualpipev") and self.pp_virtual != 2:
+            if self.pp_schedule in pp_order.V_SHAPE and self.pp_virtual != 2:
                 raise ConfigError(f"pp_schedule {self.pp_schedule} keeps exactly two stages per rank in a V "
                                   f"(pp_virtual 2, not {self.pp_virtual})")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):

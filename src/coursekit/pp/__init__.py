@@ -19,6 +19,10 @@ SCHEDULES = {
 }
 
 
+# zero-bubble schedules: each backward split into an input pass (B) and a weight pass (W) run later
+SPLIT_BACKWARD = ("interleaved-zb", "zbv", "dualpipev")
+
+
 @dataclass(kw_only=True)
 class PipelineOptions:
     pp_schedule: str = field(default="gpipe", metadata={"choices": tuple(SCHEDULES)})
@@ -26,9 +30,10 @@ class PipelineOptions:
     looped-bfs, interleaved-zb, zbv and dualpipev keep 2 stages per rank."""
 
 
-def stages_of(rank: int, pp: int, schedule: str) -> list[int]:
-    """The global stage indices ``rank`` (its pp coordinate) holds under ``schedule``."""
-    _, v, shape = SCHEDULES[schedule]
+def stages_of(rank: int, pp: int, schedule: str, v: int | None = None) -> list[int]:
+    """The global stage indices ``rank`` (its pp coordinate) holds under ``schedule``; ``v``: stages per rank other
+    than the trainer's (the calculator's ``--pp-virtual``; a V always has two)."""
+    _, default, shape = SCHEDULES[schedule]
     if shape == "v":
         return [rank, 2 * pp - 1 - rank]
-    return [rank + i * pp for i in range(v)]
+    return [rank + i * pp for i in range(default if v is None else v)]

@@ -22,11 +22,8 @@ import time
 import torch
 from torch import nn
 
-from coursekit.pp import SCHEDULES, PipelineOptions, stages_of
+from coursekit.pp import SCHEDULES, SPLIT_BACKWARD, PipelineOptions, stages_of
 
-
-# zero-bubble schedules: backward split into B (input grads) and W (weight grads), see ``check``
-SPLIT_BACKWARD = ("interleaved-zb", "zbv", "dualpipev")
 _WAITS: list = []  # send/recv waits of this process's current step (see Pipeline._time_loss_and_waits)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from coursekit.memory import pp_order
 from coursekit.memory.activations import ActivationReport, activation_bytes
+from coursekit.pp import stages_of
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def virtual(c) -> int:
 
 def rank_stages(c, i: int) -> list[int]:
     """The global stages pipeline rank ``i`` holds (rank i, i+pp, ...; r and 2·pp−1−r under zbv and dualpipev)."""
-    return [0] if c.pp == 1 else pp_order.rank_stages(c.pp_schedule, c.pp, i, virtual(c))
+    return [0] if c.pp == 1 else stages_of(i, c.pp, c.pp_schedule, virtual(c))
 
 
 def chunk_layers(shape, c, g: int) -> int:
