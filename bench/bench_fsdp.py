@@ -206,7 +206,7 @@ from coursekit.dist import session
 from coursekit.launch import report
 from coursekit.models import blocks, build_model
 from coursekit.parallel.api import adamw
-from coursekit.train.loss import cross_entropy
+from coursekit.parallel.loss import cross_entropy
 with session(seed=0) as info:
     m = build_model(sys.argv[1], seed=0)
     for b in blocks(m):

@@ -43,8 +43,9 @@ def test_labels_are_pre_shifted_and_positions_travel_with_the_tokens():
 def test_context_parallel_shards_keep_their_labels_and_positions(layout):
     ds = make_dataset(seq_len=17, num_samples=8)
     (full,) = micro_batches(ds, 0, micro_batch=2, grad_accum=1)
-    shards = [micro_batches(ds, 0, micro_batch=2, grad_accum=1, cp_rank=r, cp=2, cp_layout=layout)[0]
-              for r in range(2)]
+    from coursekit.cp.shard import cutter
+
+    shards = [micro_batches(ds, 0, micro_batch=2, grad_accum=1, cut=cutter(2, r, layout))[0] for r in range(2)]
     pos = torch.cat([s.position_ids for s in shards], dim=1)
     assert sorted(pos[0].tolist()) == list(range(16))  # the two ranks hold every position once
     if layout == "zigzag":  # chunks of 4: rank 0 holds 0-3 and 12-15, rank 1 holds 4-11 (equal causal work)

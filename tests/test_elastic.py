@@ -48,7 +48,7 @@ def test_attempts_count_requeues_and_processes_started_after_a_kill(tmp_path, mo
     import time
     from types import SimpleNamespace
 
-    import coursekit.train.faults as F
+    import coursekit.profiling.faults as F
 
     none = SimpleNamespace(kill_at_step=None, kill_rank=1, kill_in_save=None)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)

@@ -44,7 +44,7 @@ def test_consolidated_export_loads_into_plain_transformers(saved_async, tmp_path
 
     from coursekit.data import make_dataset, micro_batches
     from coursekit.models import hf_config
-    from coursekit.train.loss import cross_entropy
+    from coursekit.parallel.loss import cross_entropy
 
     d, _ = saved_async
     out = tmp_path / "model.pt"

@@ -73,7 +73,7 @@ def test_structure_and_table(cpu_run):
     env = res["environment"]
     assert env["mode"] == "cpu-reduced" and "GPU figures still to be taken" in env["note"]
     assert env["coursekit_source"] == str(ROOT / "src")
-    # the trainer's step runs in-process (coursekit.parallel.api, coursekit.train.loss / layout: torch and pure
+    # the trainer's step runs in-process (coursekit.parallel.api, coursekit.parallel.loss / layout: torch and pure
     # Python), but nothing that needs datasets, psutil or deepspeed: the loop, the launcher, the data, ZeRO
     assert not {"coursekit.train.loop", "coursekit.train.launcher", "coursekit.launch", "coursekit.data",
                 "coursekit.zero.strategy"} & set(res["coursekit_modules"])

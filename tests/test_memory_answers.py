@@ -15,12 +15,12 @@ def test_max_batch_without_seq_names_the_option_with_an_example(capsys):
 
 @pytest.mark.parametrize("family,names", [("H100", ["H100-80GB", "H100-PCIe"]), ("a100", ["A100-40GB", "A100-80GB"])])
 def test_a_family_name_is_refused_with_every_candidate(family, names, capsys):
-    with pytest.raises(ConfigError, match="ambiguous gpu") as e:
+    with pytest.raises(ConfigError, match="ambiguous GPU") as e:
         gpu(family)
     assert all(n in str(e.value) for n in names)
     assert main(["--model", "llama3-8b", "--batch", "1", "--seq", "1024", "--gpu", family]) == 2
     err = capsys.readouterr().err
-    assert "ambiguous gpu" in err and all(n in err for n in names)
+    assert "ambiguous GPU" in err and all(n in err for n in names)
     assert gpu("h100-80gb").name == "H100-80GB" and gpu("H100-SXM").name == "H100-80GB"
 
 

@@ -75,7 +75,7 @@ def test_min_gpus_without_sharding_is_an_error():
     (dict(batch=1, seq=1024, cp=2, attention="eager"), "context parallelism"),
     (dict(batch=1, seq=1024, engine="fsdp2", dp=6, hsdp_shard=4), "HSDP shard group"),
     (dict(batch=1, seq=1024, pp=64), "exceeds the number of layers"),
-    (dict(batch=1, seq=1024, gpu="TPU-v9"), "unknown gpu"),
+    (dict(batch=1, seq=1024, gpu="TPU-v9"), "unknown GPU"),
 ])
 def test_invalid_configs(kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -65,7 +65,7 @@ def test_zero_bubble_schedules_with_bare_stages_equal_single(kind, four_layers, 
 
 
 def test_stages_per_rank_follow_the_schedules_layout():
-    from coursekit.pp import stages_of
+    from coursekit.spec.schedules import stages_of
 
     assert [stages_of(r, 4, "interleaved-1f1b") for r in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert [stages_of(r, 4, "zbv") for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
@@ -108,7 +108,7 @@ def test_calculator_schedule_orders_are_torchs(schedule):
     input / weight passes per rank as torch's schedule, for 2-4 ranks, 1-10 micro-batches and 2-3 stages per rank
     (2, in a V, for zbv and DualPipeV)."""
     from coursekit.memory.pp_order import order, peak, peak_held
-    from coursekit.pp import stages_of
+    from coursekit.spec.schedules import stages_of
 
     n = 0
     for pp in (2, 3, 4):
@@ -230,7 +230,7 @@ def test_peak_saved_bytes_per_stage_equal_coursekit_memory(four_layers, no_orpha
     schedule's first step also runs torch's one-time metadata inference (``PipelineStage._forward_metadata_inference``:
     a forward of micro-batch 0 with grad enabled, then a backward), whose saved tensors add to stage 0's first peak
     (measured: +453,632 B on every run here)."""
-    from coursekit.pp import stages_of
+    from coursekit.spec.schedules import stages_of
 
     sweep = "gpipe:2,gpipe:4,1f1b:2,1f1b:4,interleaved-1f1b:4,looped-bfs:2,zbv:4,interleaved-zb:4,dualpipev:4"
     res = launch("coursekit.pp.probe", ["--sweep", sweep, "--model", four_layers, "--pp",

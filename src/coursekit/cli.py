@@ -72,7 +72,7 @@ class K8s(Passthrough):
 
 class Trace(Passthrough):
     name, help, target = "trace", "compute vs communication per rank and step from profiler traces (overlap %%)", \
-        "coursekit.profiling.trace:main"
+        "coursekit.profiling.trace_cli:main"
 
 
 class Launch(Passthrough):

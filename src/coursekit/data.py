@@ -68,14 +68,14 @@ def rank_slice(global_batch: int, rank: int, world: int) -> slice:
 
 
 def micro_batches(ds, step: int, *, micro_batch: int, grad_accum: int, rank: int = 0, world: int = 1,
-                  cp_rank: int = 0, cp: int = 1, cp_layout: str = "zigzag",
-                  device: str | torch.device = "cpu") -> list[Batch]:
+                  cut=None, device: str | torch.device = "cpu") -> list[Batch]:
     """The ``grad_accum`` micro-batches this rank trains on at ``step``.
 
     ``rank``/``world`` are the rank's coordinate in the *batch* group (data-parallel ranks), not its global rank:
     tensor- and pipeline-parallel peers take the same rows. Rows have ``seq + 1`` tokens: inputs ``[:-1]``, labels
-    ``[1:]``. A context-parallel rank then keeps its part of every row (``coursekit.cp.shard``: zig-zag chunks for
-    ring attention, one contiguous chunk for Ulysses), labels and positions cut the same way.
+    ``[1:]``. ``cut`` (a function of one [rows, seq] tensor) keeps this rank's part of every row, applied alike to
+    ids, labels and positions: a context-parallel rank's chunks (``coursekit.cp.shard.cutter``: zig-zag for ring
+    attention, contiguous for Ulysses). The data layer knows no parallelism; the caller hands it the cut.
     """
     global_batch = micro_batch * grad_accum * world
     sl = rank_slice(global_batch, rank, world)
@@ -84,10 +84,8 @@ def micro_batches(ds, step: int, *, micro_batch: int, grad_accum: int, rank: int
     rows = ds[idx]["input_ids"]  # [micro_batch * grad_accum, seq + 1]
     ids, labels = rows[:, :-1], rows[:, 1:]
     pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
-    if cp > 1:
-        from coursekit.cp.shard import shard
-
-        ids, labels, pos = (shard(t, cp, cp_rank, layout=cp_layout) for t in (ids, labels, pos))
+    if cut is not None:
+        ids, labels, pos = cut(ids), cut(labels), cut(pos)
     out = []
     for k in range(grad_accum):
         part = slice(k * micro_batch, (k + 1) * micro_batch)

@@ -20,7 +20,7 @@ from coursekit.train.launcher import run_training, summary_table
 
 def strategies_table(a) -> int:
     from coursekit.launch import default_nproc
-    from coursekit.parallel import registry
+    from coursekit.spec import registry
 
     nproc = a.nproc or default_nproc()
     names = [n.strip() for n in a.strategies.split(",") if n.strip()]

@@ -15,6 +15,7 @@ How it works
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -263,8 +264,6 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
         restore()
         if timed_out:
             if diagnose:
-                from coursekit.profiling.hangs import request_dumps
-
                 request_dumps(diagnose)
             kill_tree(proc.pid)
         proc.wait()
@@ -299,3 +298,30 @@ def launch_code(code: str, args=(), **kw) -> LaunchResult:
         if kw.get("sandbox") is not None:
             os.chmod(d, 0o755)  # readable by the sandbox's user
         return launch(str(path), args, **kw)
+
+
+# -- hang diagnosis: the launcher asks each worker for a flight-recorder dump before it kills a job that timed out
+def sidecars(folder) -> dict[int, dict]:
+    out = {}
+    for f in Path(folder).glob("fr_trace_*.json"):
+        with contextlib.suppress(ValueError, OSError):
+            side = json.loads(f.read_text())
+            out[int(side["rank"])] = side
+    return out
+
+
+def request_dumps(folder, wait_s: float = 5.0) -> list[int]:
+    """SIGUSR1 to every live worker of ``folder``'s job (the flight-recorder wrapper, ``coursekit.profiling.frwrap``,
+    writes a sidecar ``fr_trace_<rank>.json`` with its pid and dumps); wait until each has written a fresh dump.
+    Returns the ranks asked."""
+    t0, asked = time.time(), []
+    for rank, side in sidecars(folder).items():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(side["pid"]), signal.SIGUSR1)
+            asked.append(rank)
+    while time.time() - t0 < wait_s:
+        fresh = {r for r, s in sidecars(folder).items() if s["dumps"] and s["dumps"][-1]["time"] >= t0}
+        if fresh >= set(asked):
+            break
+        time.sleep(0.1)
+    return sorted(asked)

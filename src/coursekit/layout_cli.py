@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
 
 def dims_of(a):
     from coursekit.parallel import ParallelDims
-    from coursekit.parallel.registry import entry
+    from coursekit.spec.registry import entry
 
     return ParallelDims(world_size=a.nproc, tp=a.tp, pp=a.pp, cp=a.cp, dp_replicate=a.dp_replicate,
                         dp_shard=a.dp_shard, dp_flavour=entry(a.strategy).flavour)

@@ -5,7 +5,7 @@
 
 Each group is owned by a component: the trainer core owns training, parallel, checkpoint, profiling, faults and
 output; a strategy or parallelism declares its own group (``options = (DDPOptions,)``) in its registry entry
-(``coursekit.parallel.registry``). A flag given on the command line whose owner is not part of this run (e.g.
+(``coursekit.spec.registry``). A flag given on the command line whose owner is not part of this run (e.g.
 ``--bucket-mb`` with ``--strategy zero2``) is refused here, in one place, before anything is launched.
 ``tests/test_options.py`` freezes the flag list, so that a new flag is a deliberate change.
 
@@ -189,7 +189,7 @@ def add_group(p: argparse.ArgumentParser, cls, title: str | None = None) -> None
 
 def component_groups() -> list[tuple[type, str]]:
     """Every component option group with the name of its owner, from the registry."""
-    from coursekit.parallel import registry
+    from coursekit.spec import registry
 
     return registry.option_groups()
 
@@ -227,7 +227,7 @@ def parse(argv=None) -> Options:
 
 def refuse_unowned(opts: Options) -> None:
     """A flag whose owner does not take part in this run is an error (one message naming owner and run)."""
-    from coursekit.parallel import registry
+    from coursekit.spec import registry
 
     active = registry.active_components(opts)
     for cls, owner in component_groups():

@@ -1,7 +1,7 @@
 """Context parallelism in the trainer: every attention layer runs ``coursekit.cp`` over the ``cp`` sub-mesh.
 
-The data path already gives each CP rank its part of every sequence (``coursekit.data.micro_batches`` with the
-layout the implementation expects: zig-zag for ring, contiguous for Ulysses) together with its labels and global
+The data path gives each CP rank its part of every sequence (``data_cut``: ``coursekit.data.micro_batches`` with
+the layout the implementation expects: zig-zag for ring, contiguous for Ulysses) together with its labels and global
 position ids, so RoPE rotates each token at its true position. Parameters are replicated over CP ranks; their
 gradients are averaged with the data-parallel ones (the strategy reduces over ``loss`` = dp × cp, or FSDP shards
 over ``fsdp`` = dp_shard × cp).
@@ -34,10 +34,12 @@ class ContextParallel:
             raise ValueError("--cp replaces the attention kernel; --attention eager does not apply")
 
     @staticmethod
-    def data_layout(opts) -> str:
-        from coursekit.cp.shard import layout_for
+    def data_cut(opts, dims, rank: int):
+        """This rank's part of every sequence (``coursekit.data.micro_batches``' ``cut``), in the layout the attention
+        implementation expects."""
+        from coursekit.cp.shard import cutter, layout_for
 
-        return layout_for(opts.of(CPOptions).cp_impl)
+        return cutter(dims.cp, dims.coord(rank, "cp"), layout_for(opts.of(CPOptions).cp_impl))
 
     def __init__(self, ctx):
         self.ctx = ctx

@@ -92,7 +92,7 @@ def modelled_bytes(impl: str, *, batch: int, seq: int, hidden: int, heads: int, 
 
 
 class TrainerLoss(torch.nn.Module):
-    """The trainer's forward and loss (``coursekit.train.loss.cross_entropy`` on pre-shifted labels) in the
+    """The trainer's forward and loss (``coursekit.parallel.loss.cross_entropy`` on pre-shifted labels) in the
     measurement's calling convention."""
 
     def __init__(self, lm):
@@ -100,7 +100,7 @@ class TrainerLoss(torch.nn.Module):
         self.lm = lm
 
     def forward(self, input_ids, labels=None, position_ids=None, use_cache=False):
-        from coursekit.train.loss import cross_entropy
+        from coursekit.parallel.loss import cross_entropy
 
         return cross_entropy(self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache).logits,
                              labels)
@@ -112,7 +112,7 @@ def run(argv) -> dict:
 
     from coursekit import dist as ckdist
     from coursekit.cp.hf import use_cp_attention
-    from coursekit.cp.shard import layout_for
+    from coursekit.cp.shard import cutter, layout_for
     from coursekit.data import make_dataset, micro_batches
     from coursekit.models import build_model
     from coursekit.options import parse
@@ -127,8 +127,7 @@ def run(argv) -> dict:
             for impl in ("ring", "ulysses"):
                 lm = use_cp_attention(build_model(t.model, seed=t.seed, num_key_value_heads=kv), impl,
                                       dist.group.WORLD).train()
-                batch, = micro_batches(ds, 0, micro_batch=b, grad_accum=1, cp_rank=rank, cp=cp,
-                                       cp_layout=layout_for(impl))
+                batch, = micro_batches(ds, 0, micro_batch=b, grad_accum=1, cut=cutter(cp, rank, layout_for(impl)))
                 r = saved_activation_bytes(TrainerLoss(lm), batch.input_ids, labels=batch.labels, breakdown=True,
                                            position_ids=batch.position_ids)
                 out.append({"impl": impl, "kv_heads": kv, "cp": cp, "micro_batch": b, "seq": t.seq,

@@ -98,6 +98,11 @@ def next_token_labels(input_ids: torch.Tensor, ignore_index: int = -100) -> torc
     return labels
 
 
+def cutter(cp: int, rank: int, layout: str = "zigzag"):
+    """``coursekit.data.micro_batches``' ``cut``: rank ``rank``'s part of each [rows, seq] tensor (None for cp 1)."""
+    return None if cp == 1 else (lambda x: shard(x, cp, rank, layout=layout))
+
+
 def shard_batch(input_ids: torch.Tensor, cp: int, rank: int, *, layout: str = "zigzag",
                 ignore_index: int = -100) -> dict[str, torch.Tensor]:
     """What one CP rank feeds the model: its input ids, pre-shifted labels and global position ids, all cut alike."""

@@ -48,7 +48,7 @@ def wrap_and_step(fn, model: str = "tiny-llama", seed: int = 0) -> None:
     from coursekit.measure import state_bytes
     from coursekit.models import build_model
     from coursekit.parallel.api import adamw
-    from coursekit.train.loss import cross_entropy
+    from coursekit.parallel.loss import cross_entropy
 
     with ckdist.session(seed=seed) as info:
         m = build_model(model, seed=seed)
@@ -127,7 +127,7 @@ def qlora_held(model: str = "tiny-llama", *, r: int = 8, block: int = 32, scaler
     from coursekit.fsdp.qlora import qlora_model
     from coursekit.measure.states import optimizer_state_bytes
     from coursekit.parallel.api import adamw
-    from coursekit.train.loss import cross_entropy
+    from coursekit.parallel.loss import cross_entropy
 
     with warnings.catch_warnings():  # peft asks transformers a deprecated question (a FutureWarning on stderr)
         warnings.simplefilter("ignore", FutureWarning)

@@ -38,7 +38,7 @@ def measure(*, model: str = "tiny-llama", shard: int = 2, rank: int = 0, reshard
     from coursekit.measure import state_bytes
     from coursekit.models import blocks, build_model
     from coursekit.parallel.api import adamw
-    from coursekit.train.loss import cross_entropy
+    from coursekit.parallel.loss import cross_entropy
 
     dist.init_process_group("fake", rank=rank, world_size=shard, store=FakeStore())
     try:

@@ -26,7 +26,7 @@ def run(argv) -> dict:
     from coursekit.measure import state_bytes
     from coursekit.models import blocks
     from coursekit.parallel.api import adamw
-    from coursekit.train.loss import cross_entropy
+    from coursekit.parallel.loss import cross_entropy
 
     p = argparse.ArgumentParser(prog="coursekit.fsdp.qlora_run")
     p.add_argument("--steps", type=int, default=4)

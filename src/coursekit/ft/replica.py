@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from coursekit.data import make_dataset
     from coursekit.models import build_model
     from coursekit.parallel.api import adamw
-    from coursekit.train.loss import cross_entropy
+    from coursekit.parallel.loss import cross_entropy
 
     model = build_model("tiny-llama", seed=0)
     opt = adamw(model.parameters(), lr=1e-3)

@@ -19,7 +19,7 @@ from coursekit.memory.gpus import GPUS, gpu
 from coursekit.memory.presets import PRESETS, preset, to_hf_config_dict
 from coursekit.memory.shapes import ModelShape, from_hf_config
 from coursekit.memory.solvers import max_micro_batch, max_seq_len, min_gpus
-from coursekit.memory.states import model_state_bytes
+from coursekit.memory.engines import model_state_bytes
 
 __all__ = ["ActivationReport", "ConfigError", "Estimate", "GPUS", "ModelShape", "PRESETS", "TrainConfig",
            "activation_bytes", "estimate", "from_hf_config", "gpu", "max_micro_batch", "max_seq_len", "min_gpus",

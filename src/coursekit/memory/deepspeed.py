@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from coursekit.memory.errors import ConfigError
+
 ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 MAX_IN_CPU = 1_000_000_000  # offload_param.max_in_cpu: parameter elements ZeRO-Infinity keeps in host memory
 CATEGORIES = ("params", "grads", "fp32_grads", "master", "optimizer", "buffers")
@@ -177,13 +179,23 @@ def state_bytes(numels, *, precision: str, dtype: str, optimizer: str, zero: int
                         micro_batches=micro_batches)
 
 
+def check_offload(*, zero: int, offload: str, offload_params: str) -> None:
+    """DeepSpeed's rules for offload by ZeRO stage (ConfigError otherwise)."""
+    if offload_params != "none" and zero != 3:
+        raise ConfigError("parameter offload needs ZeRO-3 or FSDP2 (parameters must be sharded)")
+    if offload != "none" and zero == 0:
+        raise ConfigError("DeepSpeed offloads optimizer state with ZeRO stage 1, 2 or 3, not 0")
+    if "nvme" in (offload, offload_params) and zero != 3:
+        raise ConfigError("NVMe offload (ZeRO-Infinity) needs ZeRO stage 3")
+
+
 @lru_cache(maxsize=4096)  # solvers and grids ask the same layout many times
 def _state_bytes(numels: tuple[int, ...], *, precision, dtype, optimizer, zero, shard, rank, offload,
                  offload_params, micro_batches):
-    from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, StateBytes, check_options
+    from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, StateBytes, check_choices
 
-    check_options(precision=precision, optimizer=optimizer, engine="deepspeed", zero=zero, offload=offload,
-                  offload_params=offload_params)
+    check_choices(precision=precision, optimizer=optimizer, zero=zero, offload=offload, offload_params=offload_params)
+    check_offload(zero=zero, offload=offload, offload_params=offload_params)
     if rank is None:
         rank = fullest_rank(numels, shard, offload=offload != "none" and micro_batches > 1) if zero in (1, 2) else 0
     dtype = "fp32" if precision == "fp32" else dtype  # the weights' dtype

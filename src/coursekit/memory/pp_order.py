@@ -36,7 +36,7 @@ from collections import defaultdict
 from functools import lru_cache
 
 from coursekit.memory.errors import ConfigError
-from coursekit.pp import SCHEDULES, stages_of
+from coursekit.spec.schedules import SCHEDULES, stages_of
 
 
 class RoundsError(ConfigError):

@@ -86,7 +86,7 @@ def breakdown(shape, c, *, store: int, compute: int, state: int, counter: int) -
     """One rank's bytes by kind, its gathered and reduced units, the trainable count. ``store``: bytes of a sharded
     element (the master dtype), ``compute``: of a gathered one, ``state``: optimizer-state bytes per trainable
     element, ``counter``: per trainable tensor (AdamW's fp32 step)."""
-    from coursekit.memory.engines.fsdp2 import local_rows
+    from coursekit.memory.states import local_rows
 
     N, rank = c.shard_degree, c.dp_rank if c.dp_rank is not None else 0
     padded = lambda dims: sum(-(-d0 // N) * rest for d0, rest in dims)  # noqa: E731 - rows every rank allocates

@@ -15,8 +15,8 @@ fp32       4       4      0       8       16Ψ    pure fp32 AdamW: the weights a
 The data-parallel engines (``ddp``, ``deepspeed`` ZeRO 0-3, ``fsdp2``) each decide what they shard, over N ranks
 (dp · cp: context-parallel ranks hold the same weights and shard them too, as torchtitan and DeepSpeed-Ulysses do;
 HSDP shards over its shard group only), what they offload and what they allocate at the step: one module each in
-``coursekit.memory.engines``. This module holds what they share: the precision conventions, the optimizers, and
-``model_state_bytes``, the Ψ formula of any engine.
+``coursekit.memory.engines``. This module holds what they share: the precision conventions and the optimizers (``model_state_bytes``, the Ψ
+formula of any engine, is the engines' registry's).
 """
 from __future__ import annotations
 
@@ -62,34 +62,21 @@ class StateBytes:
         return self.parameters + self.gradients + self.master_weights + self.optimizer_states + self.grad_copy
 
 
-def model_state_bytes(params: float, *, precision: str = "16psi", optimizer: str = "adamw", engine: str = "deepspeed",
-                      zero: int = 0, shard: int = 1, offload: str = "none",
-                      offload_params: str = "none", param_tensors: int = 0) -> StateBytes:
-    """Model-state bytes on one rank holding ``params`` parameters (after TP/PP split), sharded over ``shard`` ranks.
-
-    ``zero`` is DeepSpeed's stage (engine ``deepspeed``); ``fsdp2`` shards everything, ``ddp`` nothing.
-    ``param_tensors``: parameter tensors on this rank. torch's Adam/AdamW keep a 4-byte fp32 ``step`` counter per
-    tensor (engines ``ddp`` and ``fsdp2``, whose optimizers see every tensor; DeepSpeed steps flat partitions).
-    """
-    from coursekit.memory import engines  # the engines import this module's conventions
-
-    check_options(precision=precision, optimizer=optimizer, engine=engine, zero=zero, offload=offload,
-                  offload_params=offload_params)
-    return engines.get(engine).formula(params, precision=precision, optimizer=optimizer, zero=zero, shard=shard,
-                                       offload=offload, offload_params=offload_params, param_tensors=param_tensors)
-
-
-def check_options(*, precision: str, optimizer: str, engine: str, zero: int, offload: str,
-                  offload_params: str) -> None:
-    """Raise ConfigError for a combination the engine does not support (shared by the formula and DeepSpeed's
-    layout): the choices here, then the engine's own ``check``."""
-    from coursekit.memory import engines
-
+def check_choices(*, precision: str, optimizer: str, zero: int, offload: str, offload_params: str) -> None:
+    """Raise ConfigError for a precision, optimizer, ZeRO stage or offload target that no engine knows (each engine's
+    own limits: ``coursekit.memory.engines``' ``check_options``)."""
     choice("precision", precision, PRECISIONS)
     choice("optimizer", optimizer, OPTIMIZERS)
-    choice("engine", engine, engines.REGISTRY)
     choice("offload", offload, OFFLOAD)
     choice("offload_params", offload_params, OFFLOAD)
     if zero not in (0, 1, 2, 3):
         raise ConfigError(f"zero stage must be 0, 1, 2 or 3, got {zero!r}")
-    engines.get(engine).check(zero=zero, offload=offload, offload_params=offload_params)
+
+
+def local_rows(d0: int, n: int, rank: int) -> int:
+    """Rows of a dim-0 size ``d0`` that shard rank ``rank`` of ``n`` keeps unpadded (torch.chunk's split, as FSDP2
+    shards)."""
+    per = -(-d0 // n)
+    return max(0, min(per, d0 - rank * per))
+
+

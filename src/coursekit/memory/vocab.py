@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from coursekit.memory import engines
 from coursekit.memory.errors import ConfigError, choice
-from coursekit.parallel.dims import LayoutError, ParallelDims
+from coursekit.spec.dims import LayoutError, ParallelDims
 
 STRATEGIES = {  # trainer strategy -> (engine, ZeRO stage or None: as given, data-parallel flavour, 16-bit precision)
     "single": ("ddp", None, "replicate", "fp32"), "ddp": ("ddp", None, "replicate", "fp32"),

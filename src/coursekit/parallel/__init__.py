@@ -2,6 +2,6 @@
 
 Importing this package imports no torch: the calculator and the planner use ``ParallelDims`` too.
 """
-from coursekit.parallel.dims import AXES, DERIVED, LayoutError, ParallelDims, check_model
+from coursekit.spec.dims import AXES, DERIVED, LayoutError, ParallelDims, check_model
 
 __all__ = ["AXES", "DERIVED", "LayoutError", "ParallelDims", "check_model"]

@@ -10,7 +10,7 @@ order (PP split, TP, CP, activation checkpointing, compile) and then calls only:
 
 ``train_step``'s default is the plain loop (gradient accumulation: DDP skips the all-reduce on all but the last
 micro-batch); a pipeline schedule replaces the loop (``coursekit.pp``: only the last stage holds a loss), an engine
-such as DeepSpeed replaces ``backward`` and ``step``. The loss is the course's own (``coursekit.train.loss``),
+such as DeepSpeed replaces ``backward`` and ``step``. The loss is the course's own (``coursekit.parallel.loss``),
 computed from the logits, so tensor-parallel and pipeline runs need nothing from transformers' internal loss.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from coursekit.measure import state_bytes
-from coursekit.train.loss import cross_entropy
+from coursekit.parallel.loss import cross_entropy
 
 ADAMW = dict(betas=(0.9, 0.95), eps=1e-8)  # the course's AdamW, everywhere (trainer, ZeRO, Accelerate, GPU check)
 
@@ -59,7 +59,7 @@ class Context:
     def for_run(cls, info, opts) -> "Context":
         """Validate ``opts`` for this process group (filling the batch sizes) and build the mesh."""
         from coursekit.parallel.mesh import build_mesh
-        from coursekit.train.layout import validate
+        from coursekit.parallel.validate import validate
 
         dims = validate(opts, info.world_size)
         return cls(info=info, dims=dims, mesh=build_mesh(dims, torch.device(info.device).type), opts=opts)
@@ -68,7 +68,7 @@ class Context:
     def local(cls, opts, device: str = "cpu") -> "Context":
         """One process without a process group (the GPU check, notebooks): no mesh, world size 1."""
         from coursekit.dist import DistInfo
-        from coursekit.train.layout import validate
+        from coursekit.parallel.validate import validate
 
         info = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", device=str(device),
                         source="single")

@@ -14,7 +14,7 @@ Each parallelism knows only its own sub-mesh (``ctx.mesh["tp"]``, ...).
 """
 from __future__ import annotations
 
-from coursekit.parallel import registry
+from coursekit.spec import registry
 
 
 def parallelize(model, strategy, ctx):

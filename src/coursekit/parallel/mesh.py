@@ -2,7 +2,7 @@
 
     mesh = build_mesh(dims, "cpu")
     mesh["tp"], mesh["pp"]                       # one axis
-    mesh["batch"], mesh["loss"], mesh["fsdp"]    # flattened groups (coursekit.parallel.dims.DERIVED)
+    mesh["batch"], mesh["loss"], mesh["fsdp"]    # flattened groups (coursekit.spec.dims.DERIVED)
 
 Every axis is in the mesh, size 1 included, so code asks for ``mesh["tp"]`` without checking whether TP is on.
 The flattened groups are made once here (every rank must create the same groups in the same order) and kept
@@ -10,7 +10,7 @@ here, as torch asks (slicing a flattened axis from the root mesh is deprecated).
 """
 from __future__ import annotations
 
-from coursekit.parallel.dims import AXES, DERIVED, ParallelDims
+from coursekit.spec.dims import AXES, DERIVED, ParallelDims
 
 
 class Mesh:

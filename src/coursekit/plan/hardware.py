@@ -2,9 +2,9 @@
 
 Two kinds of figure, kept apart:
 
-* **Data-sheet figures** (cited per GPU below): dense tensor-core peaks and HBM capacity (reused from
-  ``coursekit.memory.gpus``, which cites the same data sheets), HBM bandwidth, the NVLink / Infinity Fabric
-  bandwidth per GPU (one direction), the network bandwidth per GPU.
+* **Data-sheet figures**: dense tensor-core peaks, HBM capacity and bandwidth, the NVLink / Infinity Fabric
+  bandwidth per GPU (one direction), from the one GPU table (``coursekit.spec.gpus``, which cites them); the
+  network bandwidth per GPU (below).
 * **Stated achievable fractions** (model assumptions, one place, the same for every case the planner is checked on):
   ``gemm_fraction`` of the dense peak a large GEMM sustains, ``attn_fraction`` for a flash-attention kernel
   (forward + backward), ``link_fraction`` of a link's one-way bandwidth that a ring collective's bus bandwidth
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from coursekit.comm.volume import busbw_factor
-from coursekit.memory.gpus import gpu as memory_gpu
+from coursekit.spec.gpus import gpu as spec_gpu
 
 GB = 1e9
 HBM_FRACTION = 0.85  # memory-bound kernels (norms, activations, optimizer) reach ~85 % of HBM peak (STREAM-like)
@@ -103,40 +103,26 @@ class Network:
         return self.bw_per_gpu * self.fraction
 
 
-def _gpu(name, mem_gpu, *, hbm, link, src, **kw):
-    g = memory_gpu(mem_gpu)
-    peaks = {"bf16": g.bf16_flops, "fp16": g.bf16_flops, "fp32": g.fp32_flops}
-    if g.tf32_flops:
-        peaks["tf32"] = g.tf32_flops
-    return Hardware(name=name, memory_bytes=g.memory_bytes, peak_flops=peaks, hbm_bw=hbm, link_bw=link, source=src,
-                    **kw)
+def _gpu(name, *, src: str, **kw):
+    """The planner's Hardware for a GPU of the table: its data-sheet figures, and the stated fractions ``kw``."""
+    g = spec_gpu(name)
+    return Hardware(name=g.name, memory_bytes=g.memory_bytes, peak_flops=g.peaks, hbm_bw=g.hbm_bw, link_bw=g.link_bw,
+                    source=src, **kw)
 
 
 _NV = "NVIDIA {} Tensor Core GPU data sheet (nvidia.com), dense (non-sparse) peaks"
+# the GPUs the planner's stated fractions are given for (each GEMM / attention fraction is a model assumption,
+# the same for every case checked; the data-sheet figures are the table's)
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    # A100 SXM4: HBM2 1,555 GB/s (40GB) / HBM2e 2,039 GB/s (80GB); NVLink 3: 600 GB/s per GPU both ways
-    _gpu("A100-40GB", "A100-40GB", hbm=1555 * GB, link=300 * GB, src=_NV.format("A100"), gemm_fraction=0.72,
-         attn_fraction=0.50),
-    _gpu("A100-80GB", "A100-80GB", hbm=2039 * GB, link=300 * GB, src=_NV.format("A100"), gemm_fraction=0.72,
-         attn_fraction=0.50),
-    # H100 SXM5: HBM3 3.35 TB/s; NVLink 4: 900 GB/s per GPU both ways. H100 PCIe: HBM2e 2.0 TB/s; 8-GPU PCIe
-    # servers talk over PCIe Gen5 x16 (128 GB/s both ways; the NVLink bridge joins pairs only)
-    _gpu("H100-80GB", "H100-80GB", hbm=3350 * GB, link=450 * GB, src=_NV.format("H100"), gemm_fraction=0.62,
-         attn_fraction=0.40),
-    _gpu("H100-PCIe", "H100-PCIe", hbm=2000 * GB, link=64 * GB, src=_NV.format("H100"), gemm_fraction=0.62,
-         attn_fraction=0.40, link_fraction=0.70),
-    # H200 SXM: H100's compute, HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s
-    _gpu("H200", "H200", hbm=4800 * GB, link=450 * GB, src=_NV.format("H200"), gemm_fraction=0.64,
-         attn_fraction=0.40),
-    # MI300X: HBM3 5.3 TB/s, 192 GB; 7 Infinity Fabric links of 128 GB/s (both ways) to the 7 peers: 448 GB/s one
-    # way in all; a ring uses fewer links than a full mesh offers, hence the lower link_fraction
-    _gpu("MI300X", "MI300X", hbm=5300 * GB, link=448 * GB, link_fraction=0.70, gemm_fraction=0.50,
-         attn_fraction=0.30, src="AMD Instinct MI300X data sheet (amd.com), dense peaks"),
+    _gpu("A100-40GB", src=_NV.format("A100"), gemm_fraction=0.72, attn_fraction=0.50),
+    _gpu("A100-80GB", src=_NV.format("A100"), gemm_fraction=0.72, attn_fraction=0.50),
+    _gpu("H100-80GB", src=_NV.format("H100"), gemm_fraction=0.62, attn_fraction=0.40),
+    _gpu("H100-PCIe", src=_NV.format("H100"), gemm_fraction=0.62, attn_fraction=0.40, link_fraction=0.70),
+    _gpu("H200", src=_NV.format("H200"), gemm_fraction=0.64, attn_fraction=0.40),
+    # a ring uses fewer of MI300X's Infinity Fabric links than a full mesh offers, hence the lower link_fraction
+    _gpu("MI300X", link_fraction=0.70, gemm_fraction=0.50, attn_fraction=0.30,
+         src="AMD Instinct MI300X data sheet (amd.com), dense peaks"),
 )}
-# unambiguous spellings only: "H100" (SXM or PCIe?) and "A100" (40 or 80 GB?) are refused with both names, as the
-# memory calculator does, never picked silently
-HARDWARE_ALIASES = {"h100-sxm": "H100-80GB", "h100-sxm-80gb": "H100-80GB", "h200-141gb": "H200",
-                    "mi300x-192gb": "MI300X", "h100-pcie-80gb": "H100-PCIe"}
 
 _G = "line rate per GPU, one NIC per GPU (rail-optimised)"
 NETWORKS: dict[str, Network] = {n.name: n for n in (
@@ -156,17 +142,15 @@ NETWORKS: dict[str, Network] = {n.name: n for n in (
 
 
 def hardware(name) -> Hardware:
-    """The GPU preset called ``name`` (case-insensitive), or a ValueError naming the known ones."""
+    """The GPU preset called ``name`` (the table's names and spellings, ``coursekit.spec.gpus``), or a ValueError
+    naming the known ones."""
     if isinstance(name, Hardware):
         return name
-    key = HARDWARE_ALIASES.get(str(name).lower(), str(name))
-    for k, v in HARDWARE.items():
-        if k.lower() == key.lower():
-            return v
-    starts = [k for k in HARDWARE if k.lower().startswith(key.lower())] if key else []
-    if len(starts) > 1:
-        raise ValueError(f"ambiguous GPU {name!r}: {' or '.join(starts)}; give the full name")
-    raise ValueError(f"unknown GPU {name!r}; known: {', '.join(HARDWARE)} (or describe one with --hardware FILE)")
+    g = spec_gpu(name)  # ambiguous ("H100": SXM or PCIe?) and unknown names are refused there, with the candidates
+    if g.name not in HARDWARE:
+        raise ValueError(f"GPU {g.name} has no planner preset (no stated GEMM / attention fractions); known: "
+                         f"{', '.join(HARDWARE)} (or describe one with --hardware FILE)")
+    return HARDWARE[g.name]
 
 
 def network(name) -> Network:

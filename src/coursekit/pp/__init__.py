@@ -6,21 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# schedule -> (torch class, stages per rank, layout): "loop" = rank r holds stages r, r+pp, ...;
-# "v" = rank r holds stages r and 2·pp−1−r (the V shape: the first and the last stage on rank 0)
-SCHEDULES = {
-    "gpipe": ("ScheduleGPipe", 1, "loop"),
-    "1f1b": ("Schedule1F1B", 1, "loop"),
-    "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2, "loop"),
-    "looped-bfs": ("ScheduleLoopedBFS", 2, "loop"),
-    "interleaved-zb": ("ScheduleInterleavedZeroBubble", 2, "loop"),
-    "zbv": ("ScheduleZBVZeroBubble", 2, "v"),
-    "dualpipev": ("ScheduleDualPipeV", 2, "v"),
-}
-
-
-# zero-bubble schedules: each backward split into an input pass (B) and a weight pass (W) run later
-SPLIT_BACKWARD = ("interleaved-zb", "zbv", "dualpipev")
+from coursekit.spec.schedules import SCHEDULES, SPLIT_BACKWARD, stages_of  # noqa: F401 (the table: spec/)
 
 
 @dataclass(kw_only=True)
@@ -28,12 +14,3 @@ class PipelineOptions:
     pp_schedule: str = field(default="gpipe", metadata={"choices": tuple(SCHEDULES)})
     """Pipeline schedule (micro-batches per step: --grad-accum, alias --microbatches); interleaved-1f1b,
     looped-bfs, interleaved-zb, zbv and dualpipev keep 2 stages per rank."""
-
-
-def stages_of(rank: int, pp: int, schedule: str, v: int | None = None) -> list[int]:
-    """The global stage indices ``rank`` (its pp coordinate) holds under ``schedule``; ``v``: stages per rank other
-    than the trainer's (the calculator's ``--pp-virtual``; a V always has two)."""
-    _, default, shape = SCHEDULES[schedule]
-    if shape == "v":
-        return [rank, 2 * pp - 1 - rank]
-    return [rank + i * pp for i in range(default if v is None else v)]

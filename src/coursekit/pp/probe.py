@@ -19,7 +19,7 @@ def _one(argv, info) -> dict:
     from coursekit.data import make_dataset, micro_batches
     from coursekit.models import build_model
     from coursekit.options import parse
-    from coursekit.parallel import registry
+    from coursekit.spec import registry
     from coursekit.parallel.api import Context
     from coursekit.parallel.compose import parallelize
     from coursekit.pp import SCHEDULES, PipelineOptions

@@ -148,7 +148,7 @@ class Pipeline:
         import torch.distributed.pipelining as pipelining
         from torch.distributed.pipelining import PipelineStage
 
-        from coursekit.train.loss import cross_entropy
+        from coursekit.parallel.loss import cross_entropy
 
         group = self.ctx.mesh["pp"].get_group()
         mods = [_Call(module, i) for i in range(len(module.chunks))] if isinstance(module, Chunks) else [module]

@@ -24,17 +24,16 @@ command) matches the collectives of all ranks, and ``diagnose`` turns its first 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import pickle
 import re
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from coursekit.launch import request_dumps, sidecars as _sidecars  # noqa: F401 (the launcher asks for dumps)
 
 WRAPPER = "coursekit.profiling.frwrap"
 _ABORT = re.compile(r"\[rank (\d+)\]\s+what\(\):\s+(.*Received data size doesn't match expected size.*)")
@@ -47,30 +46,6 @@ def worker_env(folder, pg_timeout_s: float = 10.0, debug: str = "INFO", buffer: 
 
     return {DIR_ENV: str(folder), TIMEOUT_ENV: str(pg_timeout_s), "COURSEKIT_PG_TIMEOUT": str(pg_timeout_s),
             "TORCH_FR_BUFFER_SIZE": str(buffer), "TORCH_DISTRIBUTED_DEBUG": debug}
-
-
-def _sidecars(folder) -> dict[int, dict]:
-    out = {}
-    for f in Path(folder).glob("fr_trace_*.json"):
-        with contextlib.suppress(ValueError, OSError):
-            side = json.loads(f.read_text())
-            out[int(side["rank"])] = side
-    return out
-
-
-def request_dumps(folder, wait_s: float = 5.0) -> list[int]:
-    """SIGUSR1 to every live worker of ``folder``'s job; wait until each has written a fresh dump. Ranks asked."""
-    t0, asked = time.time(), []
-    for rank, side in _sidecars(folder).items():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(side["pid"]), signal.SIGUSR1)
-            asked.append(rank)
-    while time.time() - t0 < wait_s:
-        fresh = {r for r, s in _sidecars(folder).items() if s["dumps"] and s["dumps"][-1]["time"] >= t0}
-        if fresh >= set(asked):
-            break
-        time.sleep(0.1)
-    return sorted(asked)
 
 
 def repair(folder) -> Path:

@@ -159,7 +159,7 @@ def elastic_pair(model, *, steps: int = 6, save_every: int = 2, kill_at_step: in
     """The same 2-rank DDP run twice: uninterrupted, and with ``kill_rank`` SIGKILLed at ``kill_at_step``
     (``--max-restarts 1``: torchrun restarts the group, which resumes from the last complete checkpoint).
     {"whole": records, "resumed": records of the restarted attempt, "killed": {"step", "rank", "time"}}."""
-    from coursekit.train.faults import killed_at
+    from coursekit.profiling.faults import killed_at
 
     base = ["--strategy", "ddp", "--steps", steps, "--save-every", save_every, "--seq", seq, "--global-batch",
             global_batch, *extra]

@@ -28,9 +28,6 @@ import time
 from pathlib import Path
 
 # torch.cuda.get_device_name() spellings -> coursekit.memory.gpus names (data-sheet figures with their sources there)
-CUDA_NAMES = (("H200", "H200"), ("H100 PCIe", "H100-PCIe"), ("H100", "H100-80GB"), ("A100-SXM4-40GB", "A100-40GB"),
-              ("A100-PCIE-40GB", "A100-40GB"), ("A100", "A100-80GB"), ("L4", "L4"), ("A10G", "A10G"),
-              ("A10", "A10"), ("RTX 4090", "RTX-4090"), ("MI300X", "MI300X"))
 DTYPE_OF = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 
@@ -100,13 +97,12 @@ def cpu_peak(dtype: str = "fp32", *, refresh: bool = False) -> dict:
 
 def gpu_peak(device_name: str, dtype: str) -> dict:
     """The data-sheet dense peak of a named GPU, or ``flops`` None with the reason (unknown devices are refused)."""
-    from coursekit.memory.gpus import gpu
+    from coursekit.spec.gpus import from_device_name
 
-    for part, name in CUDA_NAMES:
-        if part.lower() in device_name.lower():
-            g = gpu(name)
-            return {"flops": g.peak_flops(dtype), "source": f"{g.name} data sheet, dense {dtype}"}
-    return {"flops": None, "source": f"refused: {device_name!r} is not in the peak table (coursekit.memory.gpus); "
+    g = from_device_name(device_name)
+    if g is not None:
+        return {"flops": g.peak_flops(dtype), "source": f"{g.name} data sheet, dense {dtype}"}
+    return {"flops": None, "source": f"refused: {device_name!r} is not in the peak table (coursekit.spec.gpus); "
                                      "MFU is not guessed"}
 
 

@@ -99,7 +99,7 @@ def predicted_saved(argv: list, nproc: int) -> list[int]:
     from coursekit.memory import estimate
     from coursekit.options import parse
     from coursekit.pp import PipelineOptions
-    from coursekit.train.layout import validate
+    from coursekit.parallel.validate import validate
 
     opts = parse([str(a) for a in argv])
     dims = validate(opts, nproc)

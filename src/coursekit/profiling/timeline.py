@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from coursekit.profiling import trace as T
+
 
 def plot(folder, out, max_ranks: int = 16) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from coursekit.profiling import trace as T
 
     traces = sorted((T.load(f) for f in sorted(Path(folder).glob("*.json"))), key=lambda t: t["rank"])[:max_ranks]
     fig, ax = plt.subplots(figsize=(12, 0.9 * len(traces) + 1.2))

@@ -31,10 +31,8 @@ compared across ranks, so this holds across hosts too.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -244,23 +242,3 @@ def table(res) -> str:
     lines.append(f"straggler: rank {g['rank']} (the others wait {g['slowdown_ms_per_step']:.1f} ms per step for it)"
                  if g else "straggler: none (no rank waits over 1 ms per step more than another)")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="coursekit trace", description=__doc__.split("\n\n")[0])
-    p.add_argument("folder", help="folder with one Chrome trace per rank (trace-rank<R>.json)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", metavar="FILE.png", help="draw a per-rank timeline of compute vs communication")
-    p.add_argument("--top", type=int, default=5, help="ops listed per step")
-    a = p.parse_args(argv)
-    res = analyse(a.folder, a.top)
-    if a.plot:
-        from coursekit.profiling.timeline import plot
-
-        plot(a.folder, a.plot)
-    print(json.dumps(res, indent=1) if a.json else table(res))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

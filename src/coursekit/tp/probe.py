@@ -24,11 +24,11 @@ def run(argv) -> dict:
     from coursekit.memory.calculator import resolve_model
     from coursekit.models import build_model
     from coursekit.options import parse
-    from coursekit.parallel import registry
+    from coursekit.spec import registry
     from coursekit.parallel.api import Context
     from coursekit.parallel.compose import parallelize
     from coursekit.tp import TPOptions
-    from coursekit.train.loss import cross_entropy
+    from coursekit.parallel.loss import cross_entropy
 
     opts = parse(["--strategy", "ddp", "--attention", "eager", *argv])
     t, sp = opts.train, opts.of(TPOptions).sp

@@ -3,7 +3,7 @@
     coursekit train --strategy ddp --tp 2 --steps 20          # 4 processes (the degrees' product), progress bar
     coursekit train --strategy zero2 --nproc 2 --json         # every rank's records as one JSON object
 
-Every check that needs no process group (``coursekit.train.layout.validate``) runs here first: a bad run costs no
+Every check that needs no process group (``coursekit.parallel.validate.validate``) runs here first: a bad run costs no
 launch and exits with code 2 and one line.
 """
 from __future__ import annotations
@@ -67,8 +67,8 @@ def plan(argv) -> tuple:
     """Parse and check a ``coursekit train`` command line: (launcher options, trainer options, nproc)."""
     from coursekit import options
     from coursekit.launch import default_nproc
-    from coursekit.parallel import registry
-    from coursekit.train.layout import default_world, validate
+    from coursekit.spec import registry
+    from coursekit.parallel.validate import default_world, validate
 
     ns = vars(options.build_parser(launcher=True).parse_args(argv))
     names = {f.name for f in dataclasses.fields(options.LaunchOptions)}

@@ -26,7 +26,7 @@ def run(opts) -> dict:
     from coursekit import dist as ckdist
     from coursekit.data import make_dataset, micro_batches
     from coursekit.models import build_model
-    from coursekit.parallel import registry
+    from coursekit.spec import registry
     from coursekit.parallel.api import Context
     from coursekit.parallel.compose import parallelize
     from coursekit.profiling import maybe_profile
@@ -34,10 +34,10 @@ def run(opts) -> dict:
     from coursekit.profiling.stepcount import count_step
     from coursekit.profiling.stragglers import CollectiveRecorder, gather_and_find
     from coursekit.train.checkpoint import Checkpointer
-    from coursekit.train.faults import (kill_in_save, last_step_at, maybe_crash, maybe_kill, maybe_slow, note_step,
+    from coursekit.profiling.faults import (kill_in_save, last_step_at, maybe_crash, maybe_kill, maybe_slow, note_step,
                                         recovery, restart_count)
-    from coursekit.train.layout import data_layout, parse_steps
-    from coursekit.train.loss import global_loss
+    from coursekit.parallel.validate import data_cut, parse_steps
+    from coursekit.parallel.loss import global_loss
 
     t = opts.train
     with ckdist.session(seed=t.seed) as info:
@@ -48,8 +48,7 @@ def run(opts) -> dict:
         num_params = sum(p.numel() for p in model.parameters())  # before a pipeline split keeps only a stage
         strategy.setup(parallelize(model, strategy, ctx))
         ds = make_dataset(t.data, seq_len=t.seq + 1, num_samples=max(256, 4 * t.global_batch), seed=t.seed)
-        batch_rank, cp_rank = dims.coord(info.rank, "batch"), dims.coord(info.rank, "cp")
-        cp_layout = data_layout(opts, dims)
+        batch_rank, cut = dims.coord(info.rank, "batch"), data_cut(opts, dims, info.rank)
         ckpt = (Checkpointer(opts.ckpt.ckpt_dir, info, opts.ckpt.save_every, opts.ckpt.async_ckpt)
                 if opts.ckpt.ckpt_dir else None)
         resumed = ckpt.resume(strategy) if ckpt else None
@@ -68,8 +67,7 @@ def run(opts) -> dict:
                 t0 = time.perf_counter()
                 maybe_slow(opts.faults, info.rank)  # inside the step: a straggler's step is longer
                 mbs = micro_batches(ds, step, micro_batch=t.micro_batch, grad_accum=t.grad_accum, rank=batch_rank,
-                                    world=dims.size("batch"), cp_rank=cp_rank, cp=dims.cp, cp_layout=cp_layout,
-                                    device=info.device)
+                                    world=dims.size("batch"), cut=cut, device=info.device)
                 counting = opts.profile.count_step and step == t.steps - 1
                 with colls.step(), count_step(strategy.model, counting) as counted:
                     local = strategy.train_step(mbs, measure=step == t.steps - 1)

@@ -16,7 +16,7 @@ Adding an engine is a new module here with a subclass of ``Engine`` and one line
 from __future__ import annotations
 
 from coursekit.memory.errors import ConfigError
-from coursekit.memory.states import STEP_COUNTER_OPTIMIZERS, StateBytes, model_state_bytes
+from coursekit.memory.states import STEP_COUNTER_OPTIMIZERS, StateBytes, check_choices
 
 
 class Engine:
@@ -37,17 +37,32 @@ class Engine:
         if zero not in self.zero_stages:
             raise ConfigError(f"zero stages are DeepSpeed's; engine {self.name!r} takes zero 0")
 
+    def check_options(self, *, precision: str, optimizer: str, zero: int, offload: str, offload_params: str) -> None:
+        """The choices every engine shares (``coursekit.memory.states``), then this engine's own ``check``."""
+        check_choices(precision=precision, optimizer=optimizer, zero=zero, offload=offload,
+                      offload_params=offload_params)
+        self.check(zero=zero, offload=offload, offload_params=offload_params)
+
     # -- model states -------------------------------------------------------------------------------------------
+    def state_bytes(self, params: float, *, precision: str = "16psi", optimizer: str = "adamw", zero: int = 0,
+                    shard: int = 1, offload: str = "none", offload_params: str = "none",
+                    param_tensors: int = 0) -> StateBytes:
+        """Checked ``formula``: the Ψ-formula bytes on a rank holding ``params`` parameters."""
+        self.check_options(precision=precision, optimizer=optimizer, zero=zero, offload=offload,
+                           offload_params=offload_params)
+        return self.formula(params, precision=precision, optimizer=optimizer, zero=zero, shard=shard, offload=offload,
+                            offload_params=offload_params, param_tensors=param_tensors)
+
     def formula(self, params: float, *, precision: str, optimizer: str, zero: int, shard: int, offload: str,
                 offload_params: str, param_tensors: int) -> StateBytes:
-        """Ψ-formula bytes on a rank holding ``params`` parameters (``coursekit.memory.states.model_state_bytes``)."""
+        """Ψ-formula bytes on a rank holding ``params`` parameters (``coursekit.memory.engines.model_state_bytes``)."""
         raise NotImplementedError
 
     def states(self, shape, c, stage) -> tuple[StateBytes, int]:
         """(model-state bytes of ``stage`` on one rank, the data-parallel rank they are of)."""
-        st = model_state_bytes(stage.params, precision=c.precision, optimizer=c.optimizer, engine=self.name,
-                               zero=c.zero, shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params,
-                               param_tensors=stage.tensors)
+        st = self.state_bytes(stage.params, precision=c.precision, optimizer=c.optimizer, zero=c.zero,
+                              shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params,
+                              param_tensors=stage.tensors)
         return st, c.dp_rank if c.dp_rank is not None else 0
 
     def counters(self, optimizer: str, param_tensors: int) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from coursekit.memory import deepspeed as layout
 from coursekit.memory.engines.base import Engine, state_result, unsharded_units
-from coursekit.memory.errors import ConfigError
 from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, PRECISIONS
 
 
@@ -33,12 +32,7 @@ class DeepSpeed(Engine):
 
     def check(self, *, zero: int, offload: str, offload_params: str) -> None:
         super().check(zero=zero, offload=offload, offload_params=offload_params)
-        if offload_params != "none" and zero != 3:
-            raise ConfigError("parameter offload needs ZeRO-3 or FSDP2 (parameters must be sharded)")
-        if offload != "none" and zero == 0:
-            raise ConfigError("DeepSpeed offloads optimizer state with ZeRO stage 1, 2 or 3, not 0")
-        if "nvme" in (offload, offload_params) and zero != 3:
-            raise ConfigError("NVMe offload (ZeRO-Infinity) needs ZeRO stage 3")
+        layout.check_offload(zero=zero, offload=offload, offload_params=offload_params)
 
     def exact(self, c) -> bool:
         """DeepSpeed's exact layout needs the tensors each rank flattens: known without TP/PP, for 16Ψ and fp32."""

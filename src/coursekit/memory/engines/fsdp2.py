@@ -26,7 +26,7 @@ from __future__ import annotations
 from coursekit.memory import qlora
 from coursekit.memory.engines.base import Engine, state_result, unsharded_units
 from coursekit.memory.errors import ConfigError
-from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, PRECISIONS
+from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, PRECISIONS, local_rows  # noqa: F401
 
 
 class FSDP2(Engine):
@@ -163,12 +163,6 @@ class FSDP2(Engine):
 
     def shards_over_dp(self, c) -> bool:
         return True
-
-
-def local_rows(d0: int, n: int, rank: int) -> int:
-    """Rows of a dim-0 size ``d0`` that shard rank ``rank`` of ``n`` keeps unpadded (torch.chunk's split)."""
-    per = -(-d0 // n)
-    return max(0, min(per, d0 - rank * per))
 
 
 def param_dims(shape) -> list[tuple[int, int]]:

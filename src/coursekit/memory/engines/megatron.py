@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from coursekit.memory import pp_order
 from coursekit.memory.activations import ActivationReport, activation_bytes
-from coursekit.pp import stages_of
+from coursekit.spec.schedules import stages_of
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ worker runs it again on start. Bad input raises ValueError with one clear messag
 from __future__ import annotations
 
 from coursekit.parallel import LayoutError, ParallelDims, check_model
-from coursekit.parallel import registry
+from coursekit.spec import registry
 
 
 def dims_for(opts, world_size: int) -> ParallelDims:
@@ -76,9 +76,14 @@ def validate(opts, world_size: int) -> ParallelDims:
     return dims
 
 
-def data_layout(opts, dims) -> str:
-    """How a sequence is cut over the CP ranks (the layout the CP attention expects)."""
-    return registry.parallelism("cp").data_layout(opts) if dims.cp > 1 else "contiguous"
+def data_cut(opts, dims, rank: int):
+    """The cut of every sequence ``rank`` trains on (``coursekit.data.micro_batches``' ``cut``), from the enabled
+    parallelisms that declare one (``data_cut``: context parallelism keeps its chunks); None when none does."""
+    cuts = [c for name in dims.enabled if name in registry.PARALLELISMS
+            for c in [getattr(registry.parallelism(name), "data_cut", lambda *a: None)(opts, dims, rank)] if c]
+    if len(cuts) > 1:
+        raise ValueError(f"more than one parallelism cuts the sequence: {', '.join(dims.enabled)}")
+    return cuts[0] if cuts else None
 
 
 def parse_steps(text: str) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 A course module adds its pieces here, one line each, plus files in its own folder; the trainer never changes.
 
 - STRATEGIES: the data-parallel flavour, exactly one per run (``--strategy``). ``flavour`` says which mesh axis the
-  data-parallel ranks fill (``coursekit.parallel.dims``): replicate (DDP, ZeRO), shard (FSDP2), hybrid (HSDP).
+  data-parallel ranks fill (``coursekit.spec.dims``): replicate (DDP, ZeRO), shard (FSDP2), hybrid (HSDP).
 - PARALLELISMS: model transforms switched on by their degree (``--tp 2``); applied in ``ORDER`` (compose.py).
 - OPTIONS: the option group (``coursekit.options`` style dataclass, in a torch-free module) each component owns,
   and the components that own it; a flag of a group none of whose owners runs is refused.
