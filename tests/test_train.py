@@ -85,7 +85,7 @@ def cli(*args, timeout=120):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["train", "--strategy", "nope"], "unknown strategy 'nope'"),
+    (["train", "--strategy", "nope"], "--strategy: invalid choice: 'nope'"),
     (["train", "--strategy", "ddp", "--model", "gpt-17"], "unknown model 'gpt-17'"),
     (["train", "--strategy", "ddp", "--nproc", "3", "--global-batch", "8"], "not divisible"),
     (["train", "--strategy", "single", "--nproc", "2"], "runs on 1 process"),

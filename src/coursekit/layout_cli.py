@@ -14,6 +14,8 @@ import argparse
 import json
 import sys
 
+from coursekit.spec.run import STRATEGIES
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coursekit layout", description=__doc__.splitlines()[0])
@@ -22,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{k}", type=int, default=1, help=f"{k} degree (default 1)")
     p.add_argument("--dp-replicate", type=int, default=None, help="data-parallel replicas (default: fill)")
     p.add_argument("--dp-shard", type=int, default=None, help="data-parallel sharding ranks (fsdp2, hsdp)")
-    p.add_argument("--strategy", default="ddp", help="data-parallel strategy: decides which dp axis fills")
+    p.add_argument("--strategy", default="ddp", choices=STRATEGIES, help="data-parallel strategy: decides which dp axis fills")
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node: show nodes and which axes "
                    "cross them")
     p.add_argument("--json", action="store_true", help="every rank's coordinate and groups as JSON")

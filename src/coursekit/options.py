@@ -21,6 +21,8 @@ import inspect
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from coursekit.spec.run import ATTENTION, STRATEGIES, TRAINER_RECOMPUTE
+
 DTYPES = ("fp32", "bf16")
 
 
@@ -40,7 +42,7 @@ class TrainingOptions:
     """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches under --pp)."""
     dtype: str = field(default="fp32", metadata={"choices": DTYPES})
     """fp32, or bf16 (autocast with fp32 master weights; DeepSpeed: its bf16 block)."""
-    attention: str = field(default="sdpa", metadata={"choices": ("sdpa", "eager")})
+    attention: str = field(default="sdpa", metadata={"choices": ATTENTION})
     """Attention implementation as transformers names it."""
     lr: float = 1e-3
     """AdamW learning rate."""
@@ -50,7 +52,7 @@ class TrainingOptions:
     """Seed of the model init (same on every rank) and of the data."""
     data: str = field(default="synthetic", metadata={"choices": ("synthetic", "text")})
     """synthetic arithmetic sequences, or byte windows of the shipped text corpus."""
-    recompute: str = field(default="none", metadata={"choices": ("none", "full")})
+    recompute: str = field(default="none", metadata={"choices": TRAINER_RECOMPUTE})
     """Activation checkpointing of every transformer block."""
     compile: bool = False
     """torch.compile every transformer block (inductor)."""
@@ -58,7 +60,7 @@ class TrainingOptions:
 
 @dataclass(kw_only=True)
 class ParallelOptions:
-    strategy: str = "single"
+    strategy: str = field(default="single", metadata={"choices": STRATEGIES})
     """Data-parallel strategy: single, ddp, zero0-3, deepspeed (more as the course's modules add them)."""
     dp_replicate: int | None = None
     """Data-parallel replicas (DDP, ZeRO, HSDP across nodes); default: the ranks left by tp x pp x cp."""

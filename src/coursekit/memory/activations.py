@@ -39,13 +39,11 @@ from functools import lru_cache
 
 from coursekit.memory.errors import ConfigError, choice
 from coursekit.memory.shapes import ModelShape
+from coursekit.spec.run import ATTENTION, CP_IMPLS, RECOMPUTE  # noqa: F401 (the run description's choices)
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-ATTENTION = ("sdpa", "eager")
 IMPLS = ("hf", "fused")
 KERNELS = ("cuda", "cpu", "meta")
-RECOMPUTE = ("none", "selective", "full")
-CP_IMPLS = ("ring", "ulysses")
 POSITION_IDS = ("shared", "per-sequence")
 # Tensors of the FFN width an activation function saves, not counting its output (which the next linear saves).
 # silu/gelu/gelu_pytorch_tanh save their input; relu saves only its output; quick_gelu: x and sigmoid(1.702x);

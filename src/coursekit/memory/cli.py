@@ -27,7 +27,7 @@ from coursekit.memory.presets import PRESETS
 from coursekit.memory.solvers import max_micro_batch, max_seq_len, min_gpus
 from coursekit.memory.engines import REGISTRY as ENGINES
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
-from coursekit.memory.vocab import STRATEGIES
+from coursekit.spec import registry
 
 SOLVE = ("max-batch", "max-seq", "min-gpus")
 
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kernels", default="cuda", choices=list(KERNELS), help="device whose kernels run the hf modules")
     a("--recompute", default="none", choices=list(RECOMPUTE))
     a("--dropout", type=float, help="override the model's dropout rates")
-    a("--strategy", choices=list(STRATEGIES), help="the trainer's strategy: sets --engine (and --zero for zeroK)")
+    a("--strategy", choices=list(registry.STRATEGIES),
+      help="the trainer's strategy: sets --engine (and --zero for zeroK); fsdp1 is not modelled (says why)")
     a("--dp-replicate", type=int, help="data-parallel replicas (DDP, ZeRO; HSDP across groups); default: fill")
     a("--dp-shard", type=int, help="data-parallel ranks that shard (FSDP2; HSDP's shard group); default: fill")
     a("--dp", type=int, help="all data-parallel ranks, dp-replicate x dp-shard")

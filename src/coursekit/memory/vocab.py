@@ -24,14 +24,12 @@ from __future__ import annotations
 
 from coursekit.memory import engines
 from coursekit.memory.errors import ConfigError, choice
+from coursekit.spec import registry
 from coursekit.spec.dims import LayoutError, ParallelDims
 
-STRATEGIES = {  # trainer strategy -> (engine, ZeRO stage or None: as given, data-parallel flavour, 16-bit precision)
-    "single": ("ddp", None, "replicate", "fp32"), "ddp": ("ddp", None, "replicate", "fp32"),
-    **{f"zero{k}": ("deepspeed", k, "replicate", None) for k in range(4)},
-    "deepspeed": ("deepspeed", None, "replicate", None),
-    "fsdp2": ("fsdp2", None, "shard", None), "hsdp": ("fsdp2", None, "hybrid", None),
-}
+# trainer strategy -> (engine, ZeRO stage or None: as given, data-parallel flavour, 16-bit precision), from the
+# registry's entries (coursekit.spec.registry): the strategies the calculator models
+STRATEGIES = {name: (e.engine, e.zero, e.flavour, e.amp) for name, e in registry.STRATEGIES.items() if e.engine}
 ALIASES = {"micro_batch": "batch", "grad_accum": "microbatches"}  # trainer name -> TrainConfig field
 
 
@@ -50,6 +48,9 @@ def config_kwargs(kwargs: dict) -> dict:
     if strategy is None and rep is None and shard is None:
         return kw
     if strategy is not None:
+        entry = registry.STRATEGIES.get(strategy)
+        if entry is not None and not entry.engine:
+            raise ConfigError(f"strategy {strategy!r} is not modelled: {entry.unmodelled}")
         engine, zero, flavour, amp = STRATEGIES[choice("strategy", strategy, STRATEGIES)]
         if kw.get("engine") is not None and kw["engine"] != engine:
             raise ConfigError(f"strategy {strategy!r} runs engine {engine!r}, not {kw['engine']!r}; give one of them")

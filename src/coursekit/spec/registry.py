@@ -19,19 +19,25 @@ class Entry:
     target: str  # "module:Class"
     flavour: str = "replicate"
     world: str = "any"  # "one": a single process only
+    engine: str | None = None  # the calculator's engine (coursekit.memory.engines); None: not modelled
+    zero: int | None = None  # the engine's ZeRO stage this strategy fixes (None: as given, default 0)
+    amp: str | None = None  # the model-state precision a 16-bit --dtype means ("fp32": torch autocast)
+    unmodelled: str = ""  # why the calculator has no engine for it
 
 
 STRATEGIES = {
-    "single": Entry("coursekit.ddp.strategy:Single", world="one"),
-    "ddp": Entry("coursekit.ddp.strategy:DDP"),
-    "zero0": Entry("coursekit.zero.strategy:Zero0"),
-    "zero1": Entry("coursekit.zero.strategy:Zero1"),
-    "zero2": Entry("coursekit.zero.strategy:Zero2"),
-    "zero3": Entry("coursekit.zero.strategy:Zero3"),
-    "deepspeed": Entry("coursekit.zero.strategy:ZeRO"),
-    "fsdp2": Entry("coursekit.fsdp.strategy:FSDP2", flavour="shard"),
-    "hsdp": Entry("coursekit.fsdp.strategy:HSDP", flavour="hybrid"),
-    "fsdp1": Entry("coursekit.fsdp.fsdp1:FSDP1", flavour="shard"),
+    "single": Entry("coursekit.ddp.strategy:Single", world="one", engine="ddp", amp="fp32"),
+    "ddp": Entry("coursekit.ddp.strategy:DDP", engine="ddp", amp="fp32"),
+    "zero0": Entry("coursekit.zero.strategy:Zero0", engine="deepspeed", zero=0),
+    "zero1": Entry("coursekit.zero.strategy:Zero1", engine="deepspeed", zero=1),
+    "zero2": Entry("coursekit.zero.strategy:Zero2", engine="deepspeed", zero=2),
+    "zero3": Entry("coursekit.zero.strategy:Zero3", engine="deepspeed", zero=3),
+    "deepspeed": Entry("coursekit.zero.strategy:ZeRO", engine="deepspeed"),
+    "fsdp2": Entry("coursekit.fsdp.strategy:FSDP2", flavour="shard", engine="fsdp2"),
+    "hsdp": Entry("coursekit.fsdp.strategy:HSDP", flavour="hybrid", engine="fsdp2"),
+    "fsdp1": Entry("coursekit.fsdp.fsdp1:FSDP1", flavour="shard",
+                   unmodelled="FSDP1 flattens each unit's parameters into one padded FlatParameter, a layout the "
+                              "calculator does not model; use --strategy fsdp2 (per-parameter sharding)"),
 }
 
 # model transforms, in the order compose.py applies them (torchtitan's): PP split, TP, CP, then activation

@@ -1,0 +1,21 @@
+"""The choices a run description offers, one tuple each, read by every tool that names them: the trainer's options
+(``coursekit.options`` and the parallelisms' option groups), ``coursekit memory`` (``coursekit.memory``),
+``coursekit plan`` and ``coursekit layout``. ``tests/test_layers.py`` compares the four CLIs' choices and defaults.
+"""
+from __future__ import annotations
+
+from coursekit.spec.registry import STRATEGIES as _STRATEGIES
+from coursekit.spec.schedules import SCHEDULES as _SCHEDULES
+
+STRATEGIES = tuple(_STRATEGIES)
+"""Data-parallel strategies (``--strategy``), the registry's names."""
+PP_SCHEDULES = tuple(_SCHEDULES)
+"""Pipeline schedules (``--pp-schedule``)."""
+CP_IMPLS = ("ring", "ulysses")
+"""Context-parallel attention (``--cp-impl``): ring attention or DeepSpeed-Ulysses' all-to-all."""
+ATTENTION = ("sdpa", "eager")
+"""Attention implementation as transformers names it (``--attention``)."""
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation (``--recompute``): the calculator and the planner model all three; the trainer runs
+``TRAINER_RECOMPUTE``."""
+TRAINER_RECOMPUTE = ("none", "full")
