@@ -54,7 +54,7 @@ def test_stage_split_is_contiguous_and_front_loaded():
     (["--strategy", "ddp", "--pp", "4"], "2 layers cannot fill pp 4"),
     (["--strategy", "ddp", "--nproc", "4", "--tp", "2", "--global-batch", "3"], "global batch 3 is not divisible"),
     (["--strategy", "ddp", "--dp-shard", "2"], "dp_shard 2 needs a sharding data-parallel strategy"),
-    (["--strategy", "ddp", "--model", "tiny-gpt2", "--tp", "2"], "--tp splits Llama-style projections"),
+    (["--strategy", "ddp", "--model", "tiny-gpt2", "--tp", "2"], r"--tp has no plan for tiny-gpt2 \(gpt2\)"),
     (["--strategy", "ddp", "--pp-schedule", "1f1b"], "--pp-schedule belongs to pp, which this run does not use"),
     (["--strategy", "ddp", "--profile-steps", "3:1"], "need 0 <= a < b"),
 ])

@@ -140,7 +140,7 @@ print("model_state_bytes: 16 bytes per parameter for bf16 weights + AdamW (112 G
 # %% nbgrader={"grade": true, "grade_id": "model_state_bytes_hidden", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 # Hidden tests check every precision and optimizer.
 ### BEGIN HIDDEN TESTS
-from coursekit.memory.states import model_state_bytes as _reference_states
+from coursekit.memory import model_state_bytes as _reference_states
 
 for _p in ("16psi", "18psi", "20psi", "fp32"):
     for _o in ("adamw", "sgd"):

@@ -14,14 +14,15 @@ import argparse
 import json
 import sys
 
+from coursekit.spec import registry
 from coursekit.spec.run import STRATEGIES
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coursekit layout", description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, required=True, help="world size (GPUs / processes)")
-    for k in ("tp", "pp", "cp"):
-        p.add_argument(f"--{k}", type=int, default=1, help=f"{k} degree (default 1)")
+    for k, e in registry.PARALLELISMS.items():  # one degree flag per registered parallelism
+        p.add_argument(f"--{k}", type=int, default=1, help=f"{e.help or k} degree (default 1)")
     p.add_argument("--dp-replicate", type=int, default=None, help="data-parallel replicas (default: fill)")
     p.add_argument("--dp-shard", type=int, default=None, help="data-parallel sharding ranks (fsdp2, hsdp)")
     p.add_argument("--strategy", default="ddp", choices=STRATEGIES, help="data-parallel strategy: decides which dp axis fills")
@@ -35,8 +36,8 @@ def dims_of(a):
     from coursekit.parallel import ParallelDims
     from coursekit.spec.registry import entry
 
-    return ParallelDims(world_size=a.nproc, tp=a.tp, pp=a.pp, cp=a.cp, dp_replicate=a.dp_replicate,
-                        dp_shard=a.dp_shard, dp_flavour=entry(a.strategy).flavour)
+    return ParallelDims(world_size=a.nproc, dp_replicate=a.dp_replicate, dp_shard=a.dp_shard,
+                        dp_flavour=entry(a.strategy).flavour, **{k: getattr(a, k) for k in registry.PARALLELISMS})
 
 
 def placement(dims, gpus_per_node: int) -> dict:

@@ -236,7 +236,7 @@ def refuse_unowned(opts: Options) -> None:
         if owner in active:
             continue
         for f in dataclasses.fields(cls):
-            if f.name in opts.given:
+            if f.name in opts.given and f.name not in registry.PARALLELISMS:  # a degree is the switch itself
                 raise ValueError(f"{flag(f.name)} belongs to {owner}, which this run does not use "
                                  f"({registry.describe_run(opts)})")
 

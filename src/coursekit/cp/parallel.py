@@ -9,6 +9,8 @@ over ``fsdp`` = dp_shard × cp).
 from __future__ import annotations
 
 from coursekit.cp.options import CPOptions
+from coursekit.parallel.compose import model_parts
+from coursekit.spec.families import plan_for
 
 
 class ContextParallel:
@@ -21,8 +23,7 @@ class ContextParallel:
 
         shape = resolve_model(opts.train.model)
         impl = opts.of(CPOptions).cp_impl
-        if shape.arch != "llama":
-            raise ValueError(f"--cp swaps Llama-style attention; {opts.train.model} is {shape.arch}")
+        plan_for(shape.arch, "--cp", opts.train.model)
         try:
             check_model(dims, num_layers=shape.layers, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
                         seq=opts.train.seq, cp_impl=impl)
@@ -47,6 +48,6 @@ class ContextParallel:
     def apply(self, model, strategy):
         from coursekit.cp.hf import use_cp_attention
 
-        lm = model.lm if hasattr(model, "lm") else model
-        use_cp_attention(lm, self.ctx.opts.of(CPOptions).cp_impl, group=self.ctx.mesh["cp"].get_group())
+        for lm in model_parts(model):
+            use_cp_attention(lm, self.ctx.opts.of(CPOptions).cp_impl, group=self.ctx.mesh["cp"].get_group())
         return model

@@ -33,6 +33,8 @@ import torch
 from coursekit.fsdp import FSDPOptions
 from coursekit.fsdp.strategy import reshard_value
 from coursekit.parallel.api import Strategy
+from coursekit.parallel.compose import model_parts
+
 
 
 class FSDP1(Strategy):
@@ -83,11 +85,10 @@ class FSDP1(Strategy):
         strategy = self.sharding_strategy()
         mesh = (self.ctx.mesh.root["dp_replicate", "dp_shard"] if strategy.name == "HYBRID_SHARD"
                 else self.ctx.mesh["fsdp"])
-        lm = model.lm if hasattr(model, "lm") else model
         policy = None
         if self.fo.wrap == "block":
             policy = functools.partial(transformer_auto_wrap_policy,
-                                       transformer_layer_cls={type(b) for b in blocks(lm)})
+                                       transformer_layer_cls={type(b) for lm in model_parts(model) for b in blocks(lm)})
         mp = (MixedPrecision(param_dtype=self.mp_dtype, reduce_dtype=torch.float32, buffer_dtype=self.mp_dtype)
               if self.mp_dtype is not None else None)
         return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, device_mesh=mesh,

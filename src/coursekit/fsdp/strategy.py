@@ -25,6 +25,8 @@ import torch
 
 from coursekit.fsdp import FSDPOptions
 from coursekit.parallel.api import Strategy
+from coursekit.parallel.compose import model_parts
+
 
 
 def reshard_value(text: str):
@@ -74,8 +76,8 @@ class FSDP2(Strategy):
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.mp_dtype, reduce_dtype=torch.float32)
         kw["offload_policy"] = (CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.fo.offload == "cpu"
                                 else OffloadPolicy())
-        lm = model.lm if hasattr(model, "lm") else model
-        units = [b for b in blocks(lm) if any(True for _ in b.parameters())]  # pipeline placeholders hold none
+        # the blocks of every LM this rank holds (pipeline stages too); pipeline placeholders hold no parameters
+        units = [b for lm in model_parts(model) for b in blocks(lm) if any(True for _ in b.parameters())]
         if self.fo.wrap == "pair":
             units = [units[i:i + 2] for i in range(0, len(units), 2)]
         if self.fo.wrap != "root":

@@ -22,6 +22,7 @@ import torch
 
 from coursekit.measure import state_bytes
 from coursekit.parallel.loss import cross_entropy
+from coursekit.spec import registry
 
 ADAMW = dict(betas=(0.9, 0.95), eps=1e-8)  # the course's AdamW, everywhere (trainer, ZeRO, Accelerate, GPU check)
 
@@ -86,11 +87,13 @@ class Strategy:
         """Checks that need no process group (run by the CLI before launching): refuse what this strategy
         cannot do, with one clear message."""
         run = f"--strategy {opts.parallel.strategy}"
-        asks = {"checkpoint": bool(opts.ckpt.ckpt_dir), "compile": opts.train.compile,
-                "tp": dims.tp > 1, "pp": dims.pp > 1, "cp": dims.cp > 1}
+        asks = {"checkpoint": bool(opts.ckpt.ckpt_dir), "compile": opts.train.compile}
         for what, wanted in asks.items():
             if wanted and not cls.supports.get(what, False):
                 raise ValueError(f"{run} does not support {what} ({cls.why_not.get(what, 'not implemented')})")
+        for name in dims.enabled:  # the parallelisms this run switches on: the registry says what composes
+            if name in registry.PARALLELISMS and not registry.composes(cls, opts.parallel.strategy, name):
+                raise ValueError(f"{run} does not support {name} ({cls.why_not.get(name, 'not implemented')})")
 
     why_not: dict = {}
 

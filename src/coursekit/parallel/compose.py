@@ -17,14 +17,19 @@ from __future__ import annotations
 from coursekit.spec import registry
 
 
+def model_parts(model) -> list:
+    """The causal LMs a rank holds (torchtitan's ``model_parts``): the model itself, or the LMs of its pipeline
+    stages (a stage module answers ``parts()``)."""
+    parts = getattr(model, "parts", None)
+    return list(parts()) if callable(parts) else [model]
+
+
 def parallelize(model, strategy, ctx):
     dims, t = ctx.dims, ctx.opts.train
     for name in registry.ORDER:
         if dims.degrees[name] > 1:
             model = registry.parallelism(name)(ctx).apply(model, strategy)
-    # a pipeline stage wraps the HF model; a rank with several stages holds them as chunks
-    stages = list(model.chunks) if hasattr(model, "chunks") else [model]
-    for lm in [s.lm if hasattr(s, "lm") else s for s in stages]:
+    for lm in model_parts(model):
         if t.recompute == "full":
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if t.compile:

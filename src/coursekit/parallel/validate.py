@@ -12,17 +12,19 @@ def dims_for(opts, world_size: int) -> ParallelDims:
     if e.world == "one" and world_size != 1:
         raise ValueError(f"strategy {p.strategy!r} runs on 1 process, not {world_size}; "
                          "use --strategy ddp (or another parallel strategy) for more")
-    return ParallelDims(world_size=world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
-                        cp=p.cp, dp_flavour=e.flavour)
+    return ParallelDims(world_size=world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, dp_flavour=e.flavour,
+                        **{name: registry.degree(opts, name) for name in registry.PARALLELISMS})
 
 
 def default_world(opts) -> int | None:
     """The world size the degrees ask for when any is given (dp_* default 1 then), else None."""
     p = opts.parallel
-    given = [k for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp") if k in opts.given]
-    if not given:
+    if not {"dp_replicate", "dp_shard", *registry.PARALLELISMS} & set(opts.given):
         return None
-    return (p.dp_replicate or 1) * (p.dp_shard or 1) * p.tp * p.pp * p.cp
+    world = (p.dp_replicate or 1) * (p.dp_shard or 1)
+    for name in registry.PARALLELISMS:
+        world *= registry.degree(opts, name)
+    return world
 
 
 def resolve_batch(t, dp_world: int) -> None:
@@ -66,8 +68,6 @@ def validate(opts, world_size: int) -> ParallelDims:
         check_model(dims, num_layers=shape.layers, num_heads=shape.heads, num_kv_heads=shape.kv_heads)
     except (LayoutError, ConfigError) as e:
         raise ValueError(str(e)) from None
-    if dims.pp > 1 and shape.arch != "llama":
-        raise ValueError(f"--pp splits Llama-style models; {t.model} is {shape.arch}")
     resolve_batch(t, dims.size("batch"))
     registry.get(opts.parallel.strategy).check(opts, dims)
     for name in dims.enabled:

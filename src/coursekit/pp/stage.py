@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from coursekit.pp import SCHEDULES, SPLIT_BACKWARD, PipelineOptions, stages_of
+from coursekit.spec.families import LLAMA, plan_for
+
 
 _WAITS: list = []  # send/recv waits of this process's current step (see Pipeline._time_loss_and_waits)
 
@@ -37,16 +39,21 @@ class _Skip(nn.Module):
 class StageModule(nn.Module):
     """One stage of a causal LM: (embedding) → its blocks → (norm → head)."""
 
-    def __init__(self, lm: nn.Module, first: bool, last: bool):
+    def __init__(self, lm: nn.Module, first: bool, last: bool, family=None):
         super().__init__()
         self.lm, self.first, self.last = lm, first, last
+        self.family = family or LLAMA
+
+    def parts(self) -> list:
+        return [self.lm]
 
     def forward(self, x, position_ids=None):
         # position ids reach every stage from outside: a context-parallel shard starts mid-sequence, and RoPE
         # rotates each token at its true position in every block
         inputs = {"input_ids": x} if self.first else {"inputs_embeds": x}
-        h = self.lm.model(**inputs, position_ids=position_ids).last_hidden_state
-        return (self.lm.lm_head(h) if self.last else h).contiguous()  # gloo sends contiguous tensors only
+        f = self.family
+        h = getattr(self.lm, f.body)(**inputs, position_ids=position_ids).last_hidden_state
+        return (getattr(self.lm, f.head)(h) if self.last else h).contiguous()  # gloo sends contiguous tensors only
 
 
 class Chunks(nn.Module):
@@ -56,6 +63,9 @@ class Chunks(nn.Module):
     def __init__(self, chunks: list[StageModule]):
         super().__init__()
         self.chunks = nn.ModuleList(chunks)
+
+    def parts(self) -> list:
+        return [c.lm for c in self.chunks]
 
     def forward(self, x, chunk: int, position_ids=None):
         return self.chunks[chunk](x, position_ids=position_ids)
@@ -81,15 +91,21 @@ def split(num_layers: int, stages: int, stage: int) -> range:
     return range(start, start + base + (stage < extra))
 
 
-def cut(model, keep: range, first: bool, last: bool) -> StageModule:
-    for i in range(len(model.model.layers)):
+def cut(model, keep: range, first: bool, last: bool, family=None) -> StageModule:
+    """Stage of ``model`` holding blocks ``keep`` (the others become pass-throughs), the embedding if ``first``, the
+    final norm and the head if ``last``; submodule names from the family's plan (``coursekit.spec.families``)."""
+    f = family or LLAMA
+    body = getattr(model, f.body)
+    layers = getattr(body, f.blocks)
+    for i in range(len(layers)):
         if i not in keep:
-            model.model.layers[i] = _Skip()
+            layers[i] = _Skip()
     if not first:
-        model.model.embed_tokens = None
+        setattr(body, f.embed, None)
     if not last:
-        model.model.norm, model.lm_head = nn.Identity(), nn.Identity()
-    return StageModule(model, first, last)
+        setattr(body, f.final_norm, nn.Identity())
+        setattr(model, f.head, nn.Identity())
+    return StageModule(model, first, last, f)
 
 
 class Pipeline:
@@ -98,8 +114,8 @@ class Pipeline:
     @classmethod
     def check(cls, opts, dims) -> None:
         from coursekit.memory.calculator import resolve_model
-
         shape = resolve_model(opts.train.model)
+        plan_for(shape.arch, "--pp", opts.train.model)
         if shape.tied_embeddings:
             raise ValueError(f"--pp with a tied embedding/head ({opts.train.model}) needs their gradients summed "
                              "across the first and last stage, which this pipeline does not do")
@@ -137,9 +153,12 @@ class Pipeline:
         self.schedule, self.timeline, self.events = None, [], []
 
     def apply(self, model, strategy):
-        n, L = self.num_stages, len(model.model.layers)
+        from coursekit.memory.calculator import resolve_model
+        model_name = self.ctx.opts.train.model
+        f = plan_for(resolve_model(model_name).arch, "--pp", model_name)
+        n, L = self.num_stages, len(getattr(getattr(model, f.body), f.blocks))
         copies = [model] + [copy.deepcopy(model) for _ in self.stage_ids[1:]]
-        mods = [cut(m, split(L, n, s), s == 0, s == n - 1) for m, s in zip(copies, self.stage_ids)]
+        mods = [cut(m, split(L, n, s), s == 0, s == n - 1, f) for m, s in zip(copies, self.stage_ids)]
         strategy.pipeline = self
         return mods[0] if len(mods) == 1 else Chunks(mods)
 

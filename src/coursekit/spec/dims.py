@@ -22,12 +22,27 @@ Derived groups, each a product of axes:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from math import prod
 
-AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-DERIVED = {"batch": ("dp_replicate", "dp_shard"), "loss": ("dp_replicate", "dp_shard", "cp"),
-           "fsdp": ("dp_shard", "cp"), "dp": ("dp_replicate", "dp_shard")}
+from coursekit.spec import registry
+
+
+def _axes() -> tuple[str, ...]:
+    places = {**registry.DATA_AXES, **{n: e.mesh for n, e in registry.PARALLELISMS.items()}}
+    return tuple(sorted(places, key=places.get))
+
+
+def _derived() -> dict[str, tuple[str, ...]]:
+    joins = {g: [n for n, e in registry.PARALLELISMS.items() if g in e.groups] for g in ("batch", "loss", "fsdp")}
+    ordered = lambda names: tuple(a for a in AXES if a in names)  # noqa: E731 - mesh order (outermost first)
+    data = ("dp_replicate", "dp_shard")
+    return {"batch": ordered([*data, *joins["batch"]]), "loss": ordered([*data, *joins["batch"], *joins["loss"]]),
+            "fsdp": ordered(["dp_shard", *joins["fsdp"]]), "dp": data}
+
+
+AXES = _axes()  # outermost first, from the registry's mesh places: pp, dp_replicate, dp_shard, cp, tp
+PARALLEL_AXES = tuple(a for a in AXES if a in registry.PARALLELISMS)
+DERIVED = _derived()
 FLAVOURS = ("replicate", "shard", "hybrid")
 
 
@@ -35,59 +50,56 @@ class LayoutError(ValueError):
     """A layout that cannot work; raised before any process starts."""
 
 
-@dataclass(frozen=True, kw_only=True)
 class ParallelDims:
-    world_size: int
-    """Total ranks; must equal pp · dp_replicate · dp_shard · cp · tp."""
-    dp_replicate: int | None = None
-    """Data-parallel replicas (DDP, ZeRO's data-parallel group, HSDP across nodes). None: fill (see dp_flavour)."""
-    dp_shard: int | None = None
-    """Data-parallel ranks that shard parameters (FSDP2, HSDP within a node). None: fill (see dp_flavour)."""
-    tp: int = 1
-    """Tensor-parallel degree (Megatron column/row split of every layer)."""
-    pp: int = 1
-    """Pipeline stages."""
-    cp: int = 1
-    """Context-parallel degree (the sequence is split over these ranks)."""
-    dp_flavour: str = "replicate"
-    """Which data-parallel axis fills the ranks left by tp·pp·cp: replicate (DDP, ZeRO), shard (FSDP2), hybrid
-    (HSDP: both given, or shard filled within)."""
-    degrees: dict = field(init=False, repr=False, compare=False)
+    """The degrees of a run (frozen): ``world_size``; ``dp_replicate`` / ``dp_shard`` (None: fill, see
+    ``dp_flavour``); one degree per registered parallelism (``tp``, ``pp``, ``cp``, ...: 1 when not given), read as
+    attributes; ``dp_flavour``: which data-parallel axis fills the ranks left by the parallelisms: replicate (DDP,
+    ZeRO), shard (FSDP2), hybrid (HSDP: both given, or shard filled within). ``degrees`` holds every axis, resolved.
+    """
 
-    def __post_init__(self):
-        if self.dp_flavour not in FLAVOURS:
-            raise LayoutError(f"unknown data-parallel flavour {self.dp_flavour!r}; choose one of {', '.join(FLAVOURS)}")
-        for k in ("world_size", "tp", "pp", "cp"):
-            _positive(k, getattr(self, k))
-        for k in ("dp_replicate", "dp_shard"):
-            if getattr(self, k) is not None:
-                _positive(k, getattr(self, k))
-        rest = self.tp * self.pp * self.cp
-        if self.world_size % rest:
-            raise LayoutError(f"world size {self.world_size} is not divisible by tp {self.tp} x pp {self.pp} x cp "
-                              f"{self.cp} = {rest}; choose degrees whose product divides it")
-        left = self.world_size // rest
-        rep, shard = self.dp_replicate, self.dp_shard
-        if rep is None and shard is None:
-            rep, shard = (left, 1) if self.dp_flavour == "replicate" else (1, left)
-        elif rep is None:
-            if left % shard:
-                raise LayoutError(f"dp_shard {shard} does not divide the {left} data-parallel ranks left by "
-                                  f"world {self.world_size} / (tp {self.tp} x pp {self.pp} x cp {self.cp})")
-            rep = left // shard
-        elif shard is None:
-            if left % rep:
-                raise LayoutError(f"dp_replicate {rep} does not divide the {left} data-parallel ranks left by "
-                                  f"world {self.world_size} / (tp {self.tp} x pp {self.pp} x cp {self.cp})")
-            shard = left // rep
-        d = {"pp": self.pp, "dp_replicate": rep, "dp_shard": shard, "cp": self.cp, "tp": self.tp}
-        if prod(d.values()) != self.world_size:
-            raise LayoutError(f"pp {self.pp} x dp_replicate {rep} x dp_shard {shard} x cp {self.cp} x tp {self.tp} = "
-                              f"{prod(d.values())}, but the world size is {self.world_size}")
-        if self.dp_flavour == "replicate" and shard != 1:
+    def __init__(self, *, world_size: int, dp_replicate: int | None = None, dp_shard: int | None = None,
+                 dp_flavour: str = "replicate", **degrees):
+        unknown = sorted(set(degrees) - set(PARALLEL_AXES))
+        if unknown:
+            raise LayoutError(f"unknown parallel degree(s) {', '.join(unknown)}; the axes are {', '.join(AXES)}")
+        given = {a: degrees.get(a, 1) for a in PARALLEL_AXES}
+        for k, v in (("world_size", world_size), *given.items()):
+            _positive(k, v)
+        if dp_flavour not in FLAVOURS:
+            raise LayoutError(f"unknown data-parallel flavour {dp_flavour!r}; choose one of {', '.join(FLAVOURS)}")
+        for k, v in (("dp_replicate", dp_replicate), ("dp_shard", dp_shard)):
+            if v is not None:
+                _positive(k, v)
+        rep, shard = _fill(world_size, dp_replicate, dp_shard, dp_flavour, given)
+        d = {a: {"dp_replicate": rep, "dp_shard": shard}.get(a, given.get(a)) for a in AXES}
+        if prod(d.values()) != world_size:
+            raise LayoutError(" x ".join(f"{a} {v}" for a, v in d.items()) + f" = {prod(d.values())}, but the world "
+                              f"size is {world_size}")
+        if dp_flavour == "replicate" and shard != 1:
             raise LayoutError(f"dp_shard {shard} needs a sharding data-parallel strategy (fsdp2, hsdp); "
                               "this one replicates (use --dp-replicate)")
-        object.__setattr__(self, "degrees", d)
+        for k, v in dict(world_size=world_size, dp_replicate=dp_replicate, dp_shard=dp_shard, dp_flavour=dp_flavour,
+                         degrees=d).items():
+            object.__setattr__(self, k, v)
+
+    def __getattr__(self, name):  # tp, pp, cp, ...: the registered parallelisms' degrees
+        d = self.__dict__.get("degrees")
+        if d is not None and name in PARALLEL_AXES:
+            return d[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ParallelDims is frozen")
+
+    def __eq__(self, other):
+        return isinstance(other, ParallelDims) and (self.world_size, self.dp_flavour, self.degrees) == (
+            other.world_size, other.dp_flavour, other.degrees)
+
+    def __hash__(self):
+        return hash((self.world_size, self.dp_flavour, tuple(self.degrees.items())))
+
+    def __repr__(self):
+        return f"ParallelDims({', '.join(f'{a}={v}' for a, v in self.degrees.items())}, flavour={self.dp_flavour})"
 
     # -- degrees ----------------------------------------------------------------------------------------------
     def size(self, name: str) -> int:
@@ -168,6 +180,24 @@ class ParallelDims:
         if name in DERIVED:
             return DERIVED[name]
         raise LayoutError(f"unknown mesh axis or group {name!r}; axes: {', '.join(AXES)}; groups: {', '.join(DERIVED)}")
+
+
+def _fill(world: int, rep, shard, flavour: str, degrees: dict) -> tuple[int, int]:
+    """The data-parallel degrees: what the parallelisms leave of the world, filled along the flavour's axis."""
+    names = [n for n in registry.PARALLELISMS if n in degrees]  # the registry's order: tp, pp, cp, ...
+    rest = prod(degrees.values())
+    what = " x ".join(f"{n} {degrees[n]}" for n in names)
+    if world % rest:
+        raise LayoutError(f"world size {world} is not divisible by {what} = {rest}; choose degrees whose product "
+                          "divides it")
+    left = world // rest
+    if rep is None and shard is None:
+        return (left, 1) if flavour == "replicate" else (1, left)
+    for name, given, other in (("dp_shard", shard, rep), ("dp_replicate", rep, shard)):
+        if other is None and left % given:
+            raise LayoutError(f"{name} {given} does not divide the {left} data-parallel ranks left by world {world} / "
+                              f"({what})")
+    return (left // shard, shard) if rep is None else (rep, left // rep) if shard is None else (rep, shard)
 
 
 def _positive(name: str, v) -> None:

@@ -4,7 +4,8 @@ A course module adds its pieces here, one line each, plus files in its own folde
 
 - STRATEGIES: the data-parallel flavour, exactly one per run (``--strategy``). ``flavour`` says which mesh axis the
   data-parallel ranks fill (``coursekit.spec.dims``): replicate (DDP, ZeRO), shard (FSDP2), hybrid (HSDP).
-- PARALLELISMS: model transforms switched on by their degree (``--tp 2``); applied in ``ORDER`` (compose.py).
+- PARALLELISMS: model transforms switched on by their degree (``--tp 2``), each a ``Parallelism`` entry: its mesh
+  place, its apply order (compose.py), its option group, the derived groups it joins, what it composes with.
 - OPTIONS: the option group (``coursekit.options`` style dataclass, in a torch-free module) each component owns,
   and the components that own it; a flag of a group none of whose owners runs is refused.
 """
@@ -40,14 +41,42 @@ STRATEGIES = {
                               "calculator does not model; use --strategy fsdp2 (per-parameter sharding)"),
 }
 
-# model transforms, in the order compose.py applies them (torchtitan's): PP split, TP, CP, then activation
-# checkpointing and compile (trainer options), then the strategy's data-parallel wrap
+@dataclass(frozen=True)
+class Parallelism:
+    """A parallelism switched on by its degree (``--tp 2``): everything the core derives from it.
+
+    Its mesh axis is named as the entry; ``ParallelDims``, the mesh, the trainer's options, the compatibility checks
+    and ``coursekit layout`` read these fields, so adding one is a folder of files and one entry here
+    (docs/adding-a-parallelism.md)."""
+    target: str
+    """"module:Class" with ``check(opts, dims)``, ``__init__(ctx)``, ``apply(model_parts, strategy)`` (optionally
+    ``data_cut(opts, dims, rank)`` when it cuts the sequence); imported only when a run uses it."""
+    mesh: int
+    """Place on the mesh, outermost (smallest) first; the data-parallel axes sit at 10 and 20. Innermost = ranks next
+    to each other (one node): tp is 40."""
+    order: int
+    """Place in the apply order (``coursekit.parallel.compose``), smallest first: the pipeline split is 0."""
+    options: str = "coursekit.options:ParallelOptions"
+    """The option group holding the degree field (named as the entry) and the parallelism's own flags."""
+    groups: tuple[str, ...] = ()
+    """Derived groups the axis joins (``coursekit.spec.dims.DERIVED``): batch (its ranks see different data), loss
+    (its losses are averaged), fsdp (FSDP shards parameters over it)."""
+    strategies: tuple[str, ...] | None = None
+    """The strategies it composes with; None: those whose class ``supports`` it."""
+    help: str = ""
+
+
+# model transforms; `order` is compose.py's (torchtitan's): PP split, TP, CP, then activation checkpointing and
+# compile (trainer options), then the strategy's data-parallel wrap
 PARALLELISMS = {
-    "pp": "coursekit.pp.stage:Pipeline",
-    "tp": "coursekit.tp.plan:TensorParallel",
-    "cp": "coursekit.cp.parallel:ContextParallel",
+    "tp": Parallelism("coursekit.tp.plan:TensorParallel", mesh=40, order=10, help="tensor-parallel"),
+    "pp": Parallelism("coursekit.pp.stage:Pipeline", mesh=0, order=0, help="pipeline-parallel (stages)"),
+    "cp": Parallelism("coursekit.cp.parallel:ContextParallel", mesh=30, order=20, groups=("loss", "fsdp"),
+                      help="context-parallel (the sequence is split over these ranks)"),
 }
-ORDER = ("pp", "tp", "cp")
+DATA_AXES = {"dp_replicate": 10, "dp_shard": 20}  # the data-parallel axes (mesh places); a strategy's flavour fills
+ORDER = tuple(sorted(PARALLELISMS, key=lambda n: PARALLELISMS[n].order))
+CORE_OPTIONS = "coursekit.options:ParallelOptions"
 
 # option group -> the components that own it
 OPTIONS = {
@@ -81,30 +110,53 @@ def get(name: str):
 
 
 def parallelism(name: str):
-    return _load(PARALLELISMS[name])
+    return _load(PARALLELISMS[name].target)
+
+
+def _groups() -> dict[str, tuple[str, ...]]:
+    """Option group -> owners: OPTIONS, plus each parallelism's own group (declared in its entry)."""
+    out = {t: tuple(o) for t, o in OPTIONS.items()}
+    for name, e in PARALLELISMS.items():
+        if e.options != CORE_OPTIONS and name not in out.get(e.options, ()):
+            out[e.options] = (*out.get(e.options, ()), name)
+    return out
 
 
 def option_groups() -> list[tuple[type, str]]:
     """(dataclass, owner label) for every component group."""
     return [(_load(t), ", ".join(owners) if len(owners) < 4 else f"{owners[0]}-{owners[-2]}, {owners[-1]}")
-            for t, owners in OPTIONS.items()]
+            for t, owners in _groups().items()]
 
 
 def owners_of(cls) -> tuple[str, ...]:
-    for t, owners in OPTIONS.items():
+    for t, owners in _groups().items():
         if _load(t) is cls:
             return owners
     return ()
 
 
+def degree_fields() -> dict[str, type]:
+    """Parallelism name -> the option group whose field of that name is its degree."""
+    return {name: _load(e.options) for name, e in PARALLELISMS.items()}
+
+
+def degree(opts, name: str) -> int:
+    """The degree of parallelism ``name`` in ``opts`` (a ``coursekit.options.Options``)."""
+    return getattr(opts.of(_load(PARALLELISMS[name].options)), name)
+
+
 def active_components(opts) -> set[str]:
     """The strategy and every parallelism whose degree is > 1, as option-group owner labels."""
-    p = opts.parallel
-    on = {p.strategy} | {name for name in PARALLELISMS if getattr(p, name, 1) > 1}
+    on = {opts.parallel.strategy} | {name for name in PARALLELISMS if degree(opts, name) > 1}
     return {label for cls, label in option_groups() if on & set(owners_of(cls))}
 
 
 def describe_run(opts) -> str:
-    p = opts.parallel
-    degrees = " ".join(f"--{k} {getattr(p, k)}" for k in ("tp", "pp", "cp") if getattr(p, k) > 1)
-    return f"--strategy {p.strategy}" + (f" {degrees}" if degrees else "")
+    degrees = " ".join(f"--{k} {degree(opts, k)}" for k in PARALLELISMS if degree(opts, k) > 1)
+    return f"--strategy {opts.parallel.strategy}" + (f" {degrees}" if degrees else "")
+
+
+def composes(strategy_cls, strategy: str, name: str) -> bool:
+    """Whether ``strategy`` composes with parallelism ``name``: the entry's list, else the class's ``supports``."""
+    allowed = PARALLELISMS[name].strategies
+    return strategy in allowed if allowed is not None else bool(getattr(strategy_cls, "supports", {}).get(name))

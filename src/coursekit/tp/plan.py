@@ -23,6 +23,8 @@ its slice of the gradient counts as a partial sum, summed over the TP ranks into
 """
 from __future__ import annotations
 
+from coursekit.parallel.compose import model_parts
+from coursekit.spec.families import plan_for
 from coursekit.tp import TPOptions
 
 
@@ -34,39 +36,40 @@ class TensorParallel:
         from coursekit.memory.calculator import resolve_model
 
         shape = resolve_model(opts.train.model)
-        if shape.arch != "llama":
-            raise ValueError(f"--tp splits Llama-style projections; {opts.train.model} is {shape.arch}")
+        plan_for(shape.arch, "--tp", opts.train.model)
         if opts.of(TPOptions).sp and (opts.train.seq // dims.cp) % dims.tp:
             raise ValueError(f"--sp needs the sequence per CP rank ({opts.train.seq // dims.cp}) divisible by "
                              f"tp {dims.tp}")
 
     def __init__(self, ctx):
+        from coursekit.memory.calculator import resolve_model
         self.ctx = ctx
         self.sp = ctx.opts.of(TPOptions).sp
+        model = ctx.opts.train.model
+        self.family = plan_for(resolve_model(model).arch, "--tp", model)
 
     def plan(self, kv_split: bool = True) -> dict:
+        """The block's TP plan: submodule name -> DTensor style, from the model family's plan."""
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                        SequenceParallel)
 
         inp = Shard(1) if self.sp else Replicate()
         out = {"output_layouts": Shard(1)} if self.sp else {}
-        p = {"self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": inp},
+        f = self.family
+        p = {f.attention: PrepareModuleInput(input_kwarg_layouts={"hidden_states": inp},
                                              desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-             "self_attn.q_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(**out),
-             "mlp": PrepareModuleInput(input_layouts=(inp,), desired_input_layouts=(Replicate(),)),
-             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-             "mlp.down_proj": RowwiseParallel(**out)}
-        if kv_split:
-            p |= {"self_attn.k_proj": ColwiseParallel(), "self_attn.v_proj": ColwiseParallel()}
+             f.mlp: PrepareModuleInput(input_layouts=(inp,), desired_input_layouts=(Replicate(),))}
+        p |= {name: ColwiseParallel() for name in f.colwise + (f.kv if kv_split else ())}
+        p |= {name: RowwiseParallel(**out) for name in f.rowwise}
         if self.sp:
-            p |= {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel()}
+            p |= {name: SequenceParallel() for name in f.norms}
         return p
 
     def apply(self, model, strategy):
         mesh, tp = self.ctx.mesh["tp"], self.ctx.dims.tp
         rank = self.ctx.dims.coord(self.ctx.info.rank, "tp")
-        for lm in [getattr(c, "lm", c) for c in getattr(model, "chunks", None) or [model]]:  # pipeline chunks
+        for lm in model_parts(model):  # the model, or this rank's pipeline stages
             self.apply_lm(lm, mesh, tp, rank)
         return model
 
@@ -75,9 +78,10 @@ class TensorParallel:
 
         from coursekit.models import blocks
 
-        here = [b for b in blocks(lm) if hasattr(b, "self_attn")]  # a pipeline stage keeps placeholders
+        attn_name = self.family.attention
+        here = [b for b in blocks(lm) if hasattr(b, attn_name)]  # a pipeline stage keeps placeholders
         for block in here:
-            attn = block.self_attn
+            attn = getattr(block, attn_name)
             kv = attn.k_proj.out_features // attn.head_dim
             parallelize_module(block, mesh, self.plan(kv_split=kv >= tp))
             if kv < tp:

@@ -1,0 +1,50 @@
+"""How each model family is cut by the parallelisms, by submodule name (torchtitan's per-model ``parallelize`` plan):
+the parallelisms read this instead of probing attribute names. Pure Python; the names are transformers'.
+
+A family without an entry is refused by TP, CP and PP before launch, naming the family. Adding a family (the MoE
+issue: Qwen3, Qwen3-MoE, Mixtral) is one entry here plus its shapes in ``coursekit.memory.shapes``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FamilyPlan:
+    body: str
+    """The decoder stack of the causal LM (called with ``input_ids`` or ``inputs_embeds``); the pipeline cuts it."""
+    blocks: str
+    """The block list inside ``body``: a pipeline stage keeps a contiguous run of them."""
+    embed: str
+    """The token embedding inside ``body`` (the first stage's)."""
+    final_norm: str
+    """The final norm inside ``body`` (the last stage's, with the head)."""
+    head: str
+    """The output projection of the causal LM (the last stage's)."""
+    attention: str
+    """The attention module of a block (TP prepares its input; CP swaps its kernel)."""
+    mlp: str
+    """The MLP module of a block (TP prepares its input)."""
+    colwise: tuple[str, ...]
+    """Projections split by output features (ColwiseParallel): each TP rank its heads or FFN slice."""
+    kv: tuple[str, ...]
+    """Key/value projections: column-split, or kept whole when there are fewer K/V heads than TP ranks."""
+    rowwise: tuple[str, ...]
+    """Projections split by input features (RowwiseParallel): partial sums, then all-reduced (or reduce-scattered)."""
+    norms: tuple[str, ...]
+    """The block's norms, sequence-sharded under sequence parallelism."""
+
+
+LLAMA = FamilyPlan(body="model", blocks="layers", embed="embed_tokens", final_norm="norm", head="lm_head",
+                   attention="self_attn", mlp="mlp", colwise=("self_attn.q_proj", "mlp.gate_proj", "mlp.up_proj"),
+                   kv=("self_attn.k_proj", "self_attn.v_proj"), rowwise=("self_attn.o_proj", "mlp.down_proj"),
+                   norms=("input_layernorm", "post_attention_layernorm"))
+
+PLANS = {"llama": LLAMA}  # coursekit.memory.shapes' arch -> plan (Llama 2/3 and Mistral share the Llama layout)
+
+
+def plan_for(arch: str, what: str, model: str) -> FamilyPlan:
+    """The plan of family ``arch``; a ValueError naming the family and the parallelism (``what``) otherwise."""
+    if arch not in PLANS:
+        raise ValueError(f"{what} has no plan for {model} ({arch}); families with one: {', '.join(PLANS)}")
+    return PLANS[arch]
