@@ -214,6 +214,27 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
     work = Path(tempfile.mkdtemp(prefix="coursekit-launch-"))
     results_dir, logdir = work / "results", work / "logs"
     results_dir.mkdir()
+    cmd, full_env = _torchrun(target, is_script, args, nproc=nproc, max_restarts=max_restarts, logdir=logdir,
+                              results_dir=results_dir, torchrun_args=torchrun_args, diagnose=diagnose, env=env)
+    t0 = time.monotonic()
+    if sandbox is not None and sandbox.on:  # the job's user writes its results and logs here, reads the script
+        os.chmod(work, 0o1777)
+        os.chmod(results_dir, 0o1777)
+        cmd = sandbox.wrap(cmd, rw=[work], ro=[Path(target).parent] if is_script else [], env=full_env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=full_env, cwd=cwd, text=True, errors="replace", start_new_session=True)
+    lines, timed_out = _supervise(proc, timeout=timeout, stream=stream, on_line=on_line, diagnose=diagnose)
+    elapsed = time.monotonic() - t0
+    try:
+        return _outcome(target, proc, "\n".join(lines), results_dir, logdir, nproc=nproc, timeout=timeout,
+                        timed_out=timed_out, check=check, elapsed=elapsed)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _torchrun(target: str, is_script: bool, args, *, nproc: int, max_restarts: int, logdir: Path, results_dir: Path,
+              torchrun_args, diagnose, env) -> tuple[list[str], dict]:
+    """The torchrun command line and the workers' environment."""
     # --standalone: c10d rendezvous on localhost:0, so the OS hands the agent a free port atomically (a port picked
     # here and released would race with a concurrent launch) and every launch has its own run id.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
@@ -231,14 +252,13 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
     if max_restarts:
         # restarted gloo workers otherwise read the previous attempt's addresses from the shared store
         full_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return cmd, full_env
+
+
+def _supervise(proc, *, timeout: float, stream: bool, on_line, diagnose) -> tuple[list[str], bool]:
+    """Pump the job's output (labelled per rank) until it ends or times out; on a timeout (after asking each worker
+    for its flight-recorder dump when diagnosing) and on any interruption, kill the whole process tree."""
     lines: list[str] = []
-    t0 = time.monotonic()
-    if sandbox is not None and sandbox.on:  # the job's user writes its results and logs here, reads the script
-        os.chmod(work, 0o1777)
-        os.chmod(results_dir, 0o1777)
-        cmd = sandbox.wrap(cmd, rw=[work], ro=[Path(target).parent] if is_script else [], env=full_env)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=full_env, cwd=cwd, text=True, errors="replace", start_new_session=True)
 
     def pump():
         for raw in proc.stdout:
@@ -268,26 +288,26 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
             kill_tree(proc.pid)
         proc.wait()
         reader.join(timeout=10)
-    elapsed = time.monotonic() - t0
-    log = "\n".join(lines)
+    return lines, timed_out
+
+
+def _outcome(target: str, proc, log: str, results_dir: Path, logdir: Path, *, nproc: int, timeout: float,
+             timed_out: bool, check: bool, elapsed: float) -> LaunchResult:
+    """Every rank's reported result; a LaunchError naming the first failing rank (or the timeout) when ``check``."""
     results = []
     for r in range(nproc):
         f = results_dir / f"rank-{r}.json"
         results.append(json.loads(f.read_text()) if f.exists() else None)
-    try:
-        if timed_out or proc.returncode != 0:
-            rank, tb = _first_failure(log, logdir) if not timed_out else (None, "")
-            if timed_out:
-                msg = f"{target} timed out after {timeout:.0f}s on {nproc} processes; all processes were stopped"
-            else:
-                where = f"rank {rank}" if rank is not None else "a rank"
-                msg = f"{target} failed on {where} (exit code {proc.returncode}):\n{tb or log[-3000:]}"
-            if check:
-                raise LaunchError(msg, rank=rank, traceback=tb, log=log, returncode=proc.returncode,
-                                  timed_out=timed_out)
-        return LaunchResult(results=results, returncode=proc.returncode, elapsed_s=elapsed, log=log)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if timed_out or proc.returncode != 0:
+        rank, tb = _first_failure(log, logdir) if not timed_out else (None, "")
+        if timed_out:
+            msg = f"{target} timed out after {timeout:.0f}s on {nproc} processes; all processes were stopped"
+        else:
+            where = f"rank {rank}" if rank is not None else "a rank"
+            msg = f"{target} failed on {where} (exit code {proc.returncode}):\n{tb or log[-3000:]}"
+        if check:
+            raise LaunchError(msg, rank=rank, traceback=tb, log=log, returncode=proc.returncode, timed_out=timed_out)
+    return LaunchResult(results=results, returncode=proc.returncode, elapsed_s=elapsed, log=log)
 
 
 def launch_code(code: str, args=(), **kw) -> LaunchResult:

@@ -34,6 +34,7 @@ import gc
 import torch
 
 from coursekit.measure.states import tensor_bytes
+from coursekit.spec.run import ADAMW
 
 MARKS = ("forward", "start_of_backward", "end_of_backward", "optimizer_step")
 _SENTINEL = 7_777_777  # bytes of the first sentinel; mark k uses _SENTINEL + 64·k
@@ -45,8 +46,8 @@ class MasterAdamW:
     ``fused=None`` uses torch's fused kernel (one launch, no temporaries) where the device supports it.
     """
 
-    def __init__(self, params, *, lr: float = 1e-4, betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0,
-                 fused: bool | None = None):
+    def __init__(self, params, *, lr: float = 1e-4, betas=ADAMW["betas"], eps: float = ADAMW["eps"],
+                 weight_decay: float = 0.0, fused: bool | None = None):
         self.params = [p for p in params if p.requires_grad]
         self.master = [p.detach().float().clone() for p in self.params]  # leaves without autograd: we set .grad
         if fused is None:

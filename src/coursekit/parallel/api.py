@@ -23,8 +23,7 @@ import torch
 from coursekit.measure import state_bytes
 from coursekit.parallel.loss import cross_entropy
 from coursekit.spec import registry
-
-ADAMW = dict(betas=(0.9, 0.95), eps=1e-8)  # the course's AdamW, everywhere (trainer, ZeRO, Accelerate, GPU check)
+from coursekit.spec.run import ADAMW  # the course's AdamW, everywhere (trainer, ZeRO, Accelerate, measure)
 
 
 def adamw(params, *, lr: float, weight_decay: float = 0.0, device_type: str = "cpu", fused: bool | None = None):

@@ -16,26 +16,19 @@ import sys
 
 
 def _one(argv, info) -> dict:
-    from coursekit.data import make_dataset, micro_batches
-    from coursekit.models import build_model
     from coursekit.options import parse
-    from coursekit.spec import registry
-    from coursekit.parallel.api import Context
-    from coursekit.parallel.compose import parallelize
+    from coursekit.parallel.run import build_run
     from coursekit.pp import SCHEDULES, PipelineOptions
     from coursekit.pp.bubble import PeakSaved
 
     opts = parse(["--strategy", "ddp", *argv])
     t = opts.train
-    ctx = Context.for_run(info, opts)
-    strategy = registry.get("ddp")(ctx)
-    strategy.setup(parallelize(build_model(t.model, attention=t.attention, seed=t.seed), strategy, ctx))
-    ds = make_dataset(t.data, seq_len=t.seq + 1, num_samples=max(256, 4 * t.global_batch), seed=t.seed)
+    run_ = build_run(info, opts)
+    ctx, strategy = run_.ctx, run_.strategy
     params = list(strategy.model.parameters())
     steps = []
     for step in range(t.steps):
-        mbs = micro_batches(ds, step, micro_batch=t.micro_batch, grad_accum=t.grad_accum, rank=0, world=1,
-                            device=info.device)
+        mbs = run_.micro_batches(step)
         with PeakSaved(params) as peak:
             strategy.train_step(mbs)
         pipe = strategy.pipeline

@@ -19,3 +19,7 @@ RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation (``--recompute``): the calculator and the planner model all three; the trainer runs
 ``TRAINER_RECOMPUTE``."""
 TRAINER_RECOMPUTE = ("none", "full")
+
+ADAMW = {"betas": (0.9, 0.95), "eps": 1e-8}
+"""The course's AdamW hyper-parameters, everywhere: the trainer's optimizer factory (``coursekit.parallel.api.adamw``),
+DeepSpeed's config (``coursekit.zero.ds_config``), the measured optimizer step (``coursekit.measure.phases``)."""

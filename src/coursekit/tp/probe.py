@@ -22,20 +22,16 @@ def run(argv) -> dict:
     from coursekit.measure.activations import saved_activation_bytes
     from coursekit.memory.activations import activation_bytes
     from coursekit.memory.calculator import resolve_model
-    from coursekit.models import build_model
     from coursekit.options import parse
-    from coursekit.spec import registry
-    from coursekit.parallel.api import Context
-    from coursekit.parallel.compose import parallelize
-    from coursekit.tp import TPOptions
     from coursekit.parallel.loss import cross_entropy
+    from coursekit.parallel.run import build_run
+    from coursekit.tp import TPOptions
 
     opts = parse(["--strategy", "ddp", "--attention", "eager", *argv])
     t, sp = opts.train, opts.of(TPOptions).sp
     with ckdist.session(seed=t.seed) as info:
-        ctx = Context.for_run(info, opts)
-        strategy = registry.get("ddp")(ctx)
-        model = parallelize(build_model(t.model, attention=t.attention, seed=t.seed), strategy, ctx)
+        run_ = build_run(info, opts, setup=False)  # the trainer's model, without the data-parallel wrap
+        ctx, model = run_.ctx, run_.model
         shape, tp = resolve_model(t.model), ctx.dims.tp
         b, s = t.micro_batch, t.seq
         g = torch.Generator().manual_seed(t.seed)

@@ -26,13 +26,16 @@ import copy
 import json
 from pathlib import Path
 
+from coursekit.spec.run import ADAMW as _ADAMW
+
 STAGES = (0, 1, 2, 3)
 OFFLOAD = ("none", "cpu", "nvme")
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs" / "deepspeed"  # the repository's configs/ (checkout)
 
 # the trainer's AdamW (strategies/base.py), for configs that let DeepSpeed build its own optimizer
-ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}}
+ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "betas": list(_ADAMW["betas"]), "eps": _ADAMW["eps"],
+                                     "weight_decay": 0.0}}
 
 
 def build_config(stage: int, *, micro_batch: int = 4, grad_accum: int = 1, dtype: str = "fp32",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,10 +51,8 @@ def run_sweep(points: list[dict], *, nproc: int = 2, steps: int = 5, seq: int = 
 def _one(point: dict, a, info) -> dict:
     import torch.distributed as dist
 
-    from coursekit.data import make_dataset, micro_batches
-    from coursekit.models import build_model
     from coursekit.options import build
-    from coursekit.parallel.api import Context
+    from coursekit.parallel.run import build_run
     from coursekit.zero.ds_config import build_config, stage_of
     from coursekit.zero.strategy import ZeRO
 
@@ -66,16 +63,13 @@ def _one(point: dict, a, info) -> dict:
     opts = build({"strategy": "deepspeed", "ds_config": f.name, "steps": a.steps, "seq": a.seq,
                   "global_batch": a.global_batch, "model": point.get("model", a.model),
                   "dtype": "bf16" if cfg.get("bf16", {}).get("enabled") else "fp32"})
-    ctx = Context.for_run(info, opts)
-    strat = ZeRO(ctx)
-    strat.setup(build_model(opts.train.model, seed=0))
-    ds = make_dataset("synthetic", seq_len=a.seq + 1, num_samples=max(256, 4 * a.global_batch), seed=0)
+    run_ = build_run(info, opts, strategy=ZeRO)  # the trainer's set-up: seed 0, synthetic data, same rows
+    strat = run_.strategy
     times, losses = [], []
     for step in range(a.steps):  # the trainer's step (train_step); the last one is measured and counted
         dist.barrier()
         t0 = time.perf_counter()
-        mbs = micro_batches(ds, step, micro_batch=opts.train.micro_batch, grad_accum=1, rank=info.rank,
-                            world=info.world_size)
+        mbs = run_.micro_batches(step)
         loss = strat.train_step(mbs, measure=step == a.steps - 1)
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
