@@ -113,6 +113,59 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     ``dropout`` overrides the shape's dropout rates (all of them) when given. The report is cached and shared:
     treat it as read-only.
     """
+    sp, kernel, (p_attn, p_resid, p_embd) = _check(shape, seq, dtype=dtype, attention=attention, impl=impl,
+                                                   kernels=kernels, recompute=recompute, dropout=dropout, tp=tp,
+                                                   sp=sp, cp=cp, cp_impl=cp_impl, position_ids=position_ids)
+    ulysses = cp > 1 and cp_impl == "ulysses"
+    P = DTYPE_BYTES[dtype]  # activation dtype bytes
+    cuda = impl == "fused" or kernels == "cuda"
+    mask = 1 if cuda else P  # dropout mask: CUDA bool, CPU noise tensor in the activation dtype
+    stat = 4 if (cuda or kernels == "meta" or dtype == "fp32") else P  # LayerNorm mean/rstd: CPU keeps the dtype
+    h, d, f, V = shape.hidden, shape.head_dim, shape.ffn // tp, shape.vocab
+    a, k = shape.heads // tp, max(1, shape.kv_heads // tp)
+    s = seq // cp
+    n = batch * s  # tokens of this rank inside attention / MLP
+    n_res = n // tp if sp else n  # tokens of residual-stream tensors (norms, dropout masks)
+    n_lin = n_res if sp and impl == "fused" else n  # saved input of a column-parallel linear (Megatron keeps the shard)
+    ss = batch * a * s * s  # elements of one attention score matrix (causal is still stored dense)
+    norm = lambda prefix: _norm(shape, prefix, impl=impl, P=P, stat=stat, h=h, n_res=n_res, n_lin=n_lin)  # noqa: E731
+
+    t: dict[str, int] = {}
+    if recompute == "full":
+        t["layer_input(checkpoint)"] = P * n_res * h
+    else:
+        t.update(norm("attn_norm"))
+        t.update(_attention(shape, kernel, recompute, P=P, n=n, a=a, k=k, d=d, h=h, tp=tp, ss=ss, batch=batch, s=s,
+                            mask=mask, p_attn=p_attn, cuda=cuda, ulysses=cp if ulysses else 0))
+        if p_resid > 0:
+            t["attn_resid_dropout.mask"] = mask * n_res * h
+        t.update(norm("mlp_norm"))
+        t.update(_mlp(shape, P=P, n=n, f=f))
+        if p_resid > 0:
+            t["mlp_dropout.mask"] = mask * n_res * h
+
+    e: dict[str, int] = {"input_ids(int64)": 8 * batch * s}  # saved by the embedding backward
+    sh: dict[str, int] = {}
+    if shape.positions == "learned":
+        e["position_ids(int64)"] = 8 * s  # shape (1, s)
+    elif recompute != "full":
+        # (1, s, d) each, or (b, s, d) from per-sequence position ids; shared by all layers (checkpoints hold them
+        # otherwise)
+        sh["rope_cos_sin"] = 2 * (batch if position_ids == "per-sequence" else 1) * s * d * P
+    if recompute == "full" and kernel == "eager" and shape.arch == "gpt2":
+        sh["causal_mask(checkpoint_arg)"] = P * batch * s * s  # GPT-2 hands its (b, 1, s, s) mask positionally
+    if p_embd > 0:
+        e["embedding_dropout.mask"] = mask * n_res * h
+    hd = norm("final_norm") | _loss(batch, s, V // tp if impl == "fused" and V % tp == 0 else V)
+    notes = ("SDPA runs its math path: q, k, v, scores and masks saved in fp32",) if kernel == "math" else ()
+    nz = lambda dct: {k_: v for k_, v in dct.items() if v}  # noqa: E731
+    return ActivationReport(nz(t), nz(e), nz(sh), nz(hd), shape.layers, kernel, notes)
+
+
+def _check(shape, seq: int, *, dtype, attention, impl, kernels, recompute, dropout, tp, sp, cp, cp_impl,
+           position_ids):
+    """Refuse what is not modelled (ConfigError); returns (sp as it applies, the attention kernel, the dropout rates
+    (attention, residual, embedding))."""
     choice("dtype", dtype, DTYPE_BYTES)
     choice("attention", attention, ATTENTION)
     choice("impl", impl, IMPLS)
@@ -137,8 +190,7 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     kernel = attention_kernel(shape, dtype=dtype, attention=attention, impl=impl, kernels=kernels, dropout=p_attn)
     if cp > 1 and kernel in ("eager", "math"):
         raise ConfigError("context parallelism needs a flash-style attention kernel (sdpa on CUDA, or fused)")
-    ulysses = cp > 1 and cp_impl == "ulysses"
-    if ulysses:
+    if cp > 1 and cp_impl == "ulysses":
         a_, k_ = shape.heads // tp, max(1, shape.kv_heads // tp)
         if a_ % cp or (k_ % cp and cp % k_):
             raise ConfigError(f"Ulysses splits heads: cp ({cp}) must divide the query heads per TP rank ({a_}), and "
@@ -148,75 +200,38 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
                               "against the all-to-alls decides what stays)")
     if shape.activation not in ACTIVATION_SAVES:
         raise ConfigError(f"unknown activation {shape.activation!r}; known: {', '.join(ACTIVATION_SAVES)}")
+    return sp, kernel, (p_attn, p_resid, p_embd)
 
-    P = DTYPE_BYTES[dtype]  # activation dtype bytes
-    cuda = impl == "fused" or kernels == "cuda"
-    mask = 1 if cuda else P  # dropout mask: CUDA bool, CPU noise tensor in the activation dtype
-    stat = 4 if (cuda or kernels == "meta" or dtype == "fp32") else P  # LayerNorm mean/rstd: CPU keeps the dtype
-    h, d, f, V = shape.hidden, shape.head_dim, shape.ffn // tp, shape.vocab
-    a, k = shape.heads // tp, max(1, shape.kv_heads // tp)
-    s = seq // cp
-    n = batch * s  # tokens of this rank inside attention / MLP
-    n_res = n // tp if sp else n  # tokens of residual-stream tensors (norms, dropout masks)
-    n_lin = n_res if sp and impl == "fused" else n  # saved input of a column-parallel linear (Megatron keeps the shard)
-    ss = batch * a * s * s  # elements of one attention score matrix (causal is still stored dense)
 
-    def norm(prefix: str) -> dict[str, int]:
-        if impl == "fused":  # fused kernel: input + fp32 statistics; the output is saved by the next linear
-            stats = 4 * n_res * (2 if shape.norm == "layernorm" else 1)
-            return {f"{prefix}.input": P * n_res * h, f"{prefix}.stats_fp32": stats, f"{prefix}.output": P * n_lin * h}
-        if shape.norm == "rmsnorm":  # HF LlamaRMSNorm in Python: x.float(), x·rsqrt(mean(x²)), weight·that.to(dtype)
-            return {f"{prefix}.input_fp32": 4 * n_res * h, f"{prefix}.rsqrt_fp32": 4 * n_res,
-                    f"{prefix}.normalized": P * n_res * h, f"{prefix}.output": P * n_lin * h}
-        return {f"{prefix}.input": P * n_res * h, f"{prefix}.mean_rstd": 2 * stat * n_res,  # nn.LayerNorm
-                f"{prefix}.output": P * n_lin * h}
+def _norm(shape, prefix: str, *, impl, P, stat, h, n_res, n_lin) -> dict[str, int]:
+    """What one norm saves: its input (and statistics); its output saved by the next linear (``n_lin`` tokens)."""
+    if impl == "fused":  # fused kernel: input + fp32 statistics; the output is saved by the next linear
+        stats = 4 * n_res * (2 if shape.norm == "layernorm" else 1)
+        return {f"{prefix}.input": P * n_res * h, f"{prefix}.stats_fp32": stats, f"{prefix}.output": P * n_lin * h}
+    if shape.norm == "rmsnorm":  # HF LlamaRMSNorm in Python: x.float(), x·rsqrt(mean(x²)), weight·that.to(dtype)
+        return {f"{prefix}.input_fp32": 4 * n_res * h, f"{prefix}.rsqrt_fp32": 4 * n_res,
+                f"{prefix}.normalized": P * n_res * h, f"{prefix}.output": P * n_lin * h}
+    return {f"{prefix}.input": P * n_res * h, f"{prefix}.mean_rstd": 2 * stat * n_res,  # nn.LayerNorm
+            f"{prefix}.output": P * n_lin * h}
 
-    t: dict[str, int] = {}
-    if recompute == "full":
-        t["layer_input(checkpoint)"] = P * n_res * h
-    else:
-        t.update(norm("attn_norm"))
-        t.update(_attention(shape, kernel, recompute, P=P, n=n, a=a, k=k, d=d, h=h, tp=tp, ss=ss, batch=batch, s=s,
-                            mask=mask, p_attn=p_attn, cuda=cuda, ulysses=cp if ulysses else 0))
-        if p_resid > 0:
-            t["attn_resid_dropout.mask"] = mask * n_res * h
-        t.update(norm("mlp_norm"))
-        saves = ACTIVATION_SAVES.get(shape.activation, 1)
-        if shape.mlp == "swiglu":  # act(gate(x)) * up(x) -> down
-            t["mlp.activation_saved"] = saves * P * n * f  # the gate output (and any act internals)
-            t["mlp.act_out"] = P * n * f  # saved by the multiply
-            t["mlp.up_out"] = P * n * f  # saved by the multiply
-            t["mlp.product(down_input)"] = P * n * f
-        else:  # fc -> act -> proj
-            t["mlp.activation_saved"] = saves * P * n * f
-            t["mlp.act_out(proj_input)"] = P * n * f
-        if p_resid > 0:
-            t["mlp_dropout.mask"] = mask * n_res * h
 
-    e: dict[str, int] = {"input_ids(int64)": 8 * batch * s}  # saved by the embedding backward
-    sh: dict[str, int] = {}
-    if shape.positions == "learned":
-        e["position_ids(int64)"] = 8 * s  # shape (1, s)
-    elif recompute != "full":
-        # (1, s, d) each, or (b, s, d) from per-sequence position ids; shared by all layers (checkpoints hold them
-        # otherwise)
-        sh["rope_cos_sin"] = 2 * (batch if position_ids == "per-sequence" else 1) * s * d * P
-    if recompute == "full" and kernel == "eager" and shape.arch == "gpt2":
-        sh["causal_mask(checkpoint_arg)"] = P * batch * s * s  # GPT-2 hands its (b, 1, s, s) mask positionally
-    if p_embd > 0:
-        e["embedding_dropout.mask"] = mask * n_res * h
-    hd = norm("final_norm")
-    v_loc = V // tp if impl == "fused" and V % tp == 0 else V  # fused: vocab-parallel cross-entropy
-    hd["loss.log_softmax_fp32"] = 4 * batch * s * v_loc  # HF upcasts logits to fp32; log_softmax saves its output
+def _mlp(shape, *, P, n, f) -> dict[str, int]:
+    """What the MLP saves on one TP rank (``f``: its FFN slice)."""
+    saves = ACTIVATION_SAVES.get(shape.activation, 1)
+    if shape.mlp == "swiglu":  # act(gate(x)) * up(x) -> down
+        return {"mlp.activation_saved": saves * P * n * f,  # the gate output (and any act internals)
+                "mlp.act_out": P * n * f,  # saved by the multiply
+                "mlp.up_out": P * n * f,  # saved by the multiply
+                "mlp.product(down_input)": P * n * f}
+    return {"mlp.activation_saved": saves * P * n * f, "mlp.act_out(proj_input)": P * n * f}  # fc -> act -> proj
+
+
+def _loss(batch: int, s: int, v_loc: int) -> dict[str, int]:
+    """The loss's saved tensors (``v_loc``: the vocabulary on this rank: fused runs a vocab-parallel cross-entropy)."""
     # shift_labels = pad(labels)[..., 1:].contiguous(): a copy, except for one sequence, where the slice is already
     # contiguous and pins the padded (1, s+1) buffer
-    hd["loss.labels(int64)"] = 8 * (s + 1) if batch == 1 else 8 * batch * s
-    hd["loss.total_weight"] = 4
-    notes = []
-    if kernel == "math":
-        notes.append("SDPA runs its math path: q, k, v, scores and masks saved in fp32")
-    nz = lambda dct: {k_: v for k_, v in dct.items() if v}  # noqa: E731
-    return ActivationReport(nz(t), nz(e), nz(sh), nz(hd), shape.layers, kernel, tuple(notes))
+    return {"loss.log_softmax_fp32": 4 * batch * s * v_loc,  # HF upcasts logits to fp32; log_softmax saves its output
+            "loss.labels(int64)": 8 * (s + 1) if batch == 1 else 8 * batch * s, "loss.total_weight": 4}
 
 
 def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, mask, p_attn, cuda,

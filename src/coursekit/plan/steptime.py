@@ -142,15 +142,54 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
         raise ValueError(f"microbatches {L.microbatches} != global batch {global_batch} / (dp {L.dp} x micro_batch "
                          f"{L.micro_batch}) = {m}")
     act = DTYPE_BYTES[dtype]
-    h, f, V, d = shape.hidden, shape.ffn, shape.vocab, shape.head_dim
     tp, cp, pp, v = L.tp, L.cp, L.pp, L.virtual_stages
     sp = L.sp and tp > 1
     t = L.micro_batch * seq / cp  # tokens per micro-batch on this rank
+    links = Links(L, cluster)
+    layer, a_fwd, a_bwd = _layer_time(shape, L, hw, t=t, seq=seq, act=act, dtype=dtype, attention=attention, sp=sp)
+    tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd)
+
+    # one micro-batch on the busiest (last) stage
+    h, V = shape.hidden, shape.vocab
+    stage_layers = math.ceil(shape.layers / pp)
+    head = 3 * gemm_time(t, h, V / tp, hw, dtype) + max(LOSS_PASSES * t * V / tp * 4 / (hw.hbm_bw * HBM_FRACTION),
+                                                        OPS_OUTSIDE_LAYERS * hw.kernel_floor_s)
+    compute_mb = stage_layers * layer + head
+    pp_s = 0.0
+    if pp > 1:
+        p2p_bytes = t * h * act / (tp if sp or tp > 1 else 1)  # scatter/gather over TP ranks (Narayanan §4.1)
+        pp_s = links.p2p(p2p_bytes, "pp", 2 * v)
+
+    dp_axes = ("dp_replicate", "dp_shard", "cp")  # CP ranks hold the same weights: gradients reduce over them too
+    stage_params, fsdp_mb, step_dp, host_mb = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
+                                                             stage_layers=stage_layers, compute_mb=compute_mb,
+                                                             dp_axes=dp_axes)
+    mb_time = compute_mb + stage_layers * (tp_s + cp_s) + pp_s + fsdp_mb + host_mb
+    bubble = (pp - 1) / v * mb_time if pp > 1 else 0.0
+    opt = _optimizer_time(shape, L, hw, stage_params=stage_params, stage_layers=stage_layers)
+    step_dp += links.time("all_reduce", 4, dp_axes + ("pp",), 1) if hw.loss_sync else 0.0
+    step = m * mb_time + bubble + step_dp + opt
+
+    tokens = global_batch * seq
+    gpus = L.world
+    mflops = _flops(shape, global_batch, seq, "none")
+    hflops = _flops(shape, global_batch, seq, L.recompute)
+    peak = hw.peak(dtype)
+    exposed = {"tp": m * stage_layers * tp_s, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
+               "dp": m * fsdp_mb + step_dp}
+    link_kinds = {name: links.kind(axes) for name, axes in
+                  (("tp", ("tp",)), ("cp", ("cp",)), ("dp", dp_axes), ("pp", ("pp",)))
+                  if links.placement(axes)[0] > 1}
+    return Prediction(step_time_s=step, compute_s=m * compute_mb, bubble_s=bubble, exposed_s=exposed,
+                      optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
+                      mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds)
+
+
+def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[float, float, float]:
+    """Compute of one layer, one micro-batch (forward, backward, recompute): (layer, attention fwd, attention bwd)."""
+    h, f, d, tp, cp = shape.hidden, shape.ffn, shape.head_dim, L.tp, L.cp
     heads = shape.heads / tp
     kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
-    links = Links(L, cluster)
-
-    # compute of one layer, one micro-batch
     n_in = 2 if shape.mlp == "swiglu" else 1
     gemms = [(t, h, (heads + 2 * kv_heads) * d), (t, heads * d, h), (t, h, n_in * f / tp), (t, f / tp, h)]
     g_fwd = sum(gemm_time(*g, hw, dtype) for g in gemms)
@@ -166,9 +205,14 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     elem = t * (E_H * h / (tp if sp else 1) + E_F * f / tp) * act / (hw.hbm_bw * HBM_FRACTION)
     elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s)
     rc = {"none": 0.0, "selective": a_fwd, "full": g_fwd + a_fwd + elem / 3}[L.recompute]
-    layer = 3 * g_fwd + a_fwd + a_bwd + elem + rc
+    return 3 * g_fwd + a_fwd + a_bwd + elem + rc, a_fwd, a_bwd
 
-    # exposed TP / CP communication of one layer, one micro-batch
+
+def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd) -> tuple[float, float]:
+    """Exposed TP and CP communication of one layer, one micro-batch."""
+    tp, cp, d, h = L.tp, L.cp, shape.head_dim, shape.hidden
+    heads = shape.heads / tp
+    kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
     tp_calls = 4 + (2 if L.recompute == "full" else 0)
     tp_payload = L.micro_batch * seq / cp * h * act
     if sp:  # all-gather + reduce-scatter of the same payload instead of each all-reduce
@@ -188,23 +232,16 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                         links.time("all_to_all", kv_bytes * cp, ("cp",)))
         if L.recompute == "full":
             cp_s *= 1.5
+    return tp_s, cp_s
 
-    # one micro-batch on the busiest (last) stage
-    stage_layers = math.ceil(shape.layers / pp)
-    head = 3 * gemm_time(t, h, V / tp, hw, dtype) + max(LOSS_PASSES * t * V / tp * 4 / (hw.hbm_bw * HBM_FRACTION),
-                                                        OPS_OUTSIDE_LAYERS * hw.kernel_floor_s)
-    compute_mb = stage_layers * layer + head
-    pp_s = 0.0
-    if pp > 1:
-        p2p_bytes = t * h * act / (tp if sp or tp > 1 else 1)  # scatter/gather over TP ranks (Narayanan §4.1)
-        pp_s = links.p2p(p2p_bytes, "pp", 2 * v)
 
-    # data parallel: per micro-batch (sharded engines) and per step
+def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb, dp_axes):
+    """Data parallel: (stage parameters, exposed per micro-batch (sharded engines), exposed per step, host work per
+    micro-batch left after overlap)."""
+    tp, cp = L.tp, L.cp
     per_layer, first, last, _ = shape.local_params(tp)
     stage_params = stage_layers * per_layer + max(first, last)
-    dp_axes = ("dp_replicate", "dp_shard", "cp")  # CP ranks hold the same weights: gradients reduce over them too
-    fsdp_mb = 0.0
-    step_dp = 0.0
+    fsdp_mb = step_dp = 0.0
     # host work beyond the eager per-op cost: DTensor dispatch of TP layers, ZeRO-3's hooks (below)
     host_mb = 0.0
     if tp > 1:
@@ -231,42 +268,28 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
         comm = gather + reduce
         first_last = gather / n_gather + reduce / n_reduce  # the first unit's gather + the last unit's reduce
         fsdp_mb = max(first_last, comm - hw.overlap * compute_mb)
-    else:
-        if L.dp * cp > 1:
-            grad_b = stage_params * gbytes
-            bucket = min(grad_b, DDP_BUCKET if L.engine == "ddp" else DS_BUCKET)
-            op = "all_reduce" if L.strategy == "ddp" else "reduce_scatter"
-            red = links.time(op, grad_b, dp_axes, 1)
-            exposed_red = max(red * bucket / grad_b, red - bwd_window)  # at least the last bucket
-            if L.strategy == "ddp":
-                step_dp = exposed_red
-            else:  # ZeRO-1/2 all-gather the updated parameters after the step; ZeRO-2 reduces every micro-batch
-                gath = links.time("all_gather", stage_params * pbytes, dp_axes, 1)
-                step_dp = (m if L.zero == 2 else 1) * exposed_red + gath
-
+    elif L.dp * cp > 1:
+        grad_b = stage_params * gbytes
+        bucket = min(grad_b, DDP_BUCKET if L.engine == "ddp" else DS_BUCKET)
+        op = "all_reduce" if L.strategy == "ddp" else "reduce_scatter"
+        red = links.time(op, grad_b, dp_axes, 1)
+        exposed_red = max(red * bucket / grad_b, red - bwd_window)  # at least the last bucket
+        if L.strategy == "ddp":
+            step_dp = exposed_red
+        else:  # ZeRO-1/2 all-gather the updated parameters after the step; ZeRO-2 reduces every micro-batch
+            gath = links.time("all_gather", stage_params * pbytes, dp_axes, 1)
+            step_dp = (m if L.zero == 2 else 1) * exposed_red + gath
     host_mb = max(0.0, host_mb - hw.overlap * compute_mb)  # host work hides only behind the device's compute
-    mb_time = compute_mb + stage_layers * (tp_s + cp_s) + pp_s + fsdp_mb + host_mb
-    bubble = (pp - 1) / v * mb_time if pp > 1 else 0.0
-    shard = L.dp * cp if (L.zero >= 1 or L.engine == "fsdp2") else 1
+    return stage_params, fsdp_mb, step_dp, host_mb
+
+
+def _optimizer_time(shape, L, hw, *, stage_params, stage_layers) -> float:
+    """The optimizer step on one rank: memory-bound over its shard, plus per-tensor host costs."""
+    shard = L.dp * L.cp if (L.zero >= 1 or L.engine == "fsdp2") else 1
     opt = stage_params / shard * OPT_BYTES / (hw.hbm_bw * HBM_FRACTION)
     opt += hw.optimizer_ops_per_tensor * _stage_tensors(shape, stage_layers) * hw.kernel_floor_s
     # torch-native sharded or composed models hold DTensor parameters (FSDP2 / HSDP; DDP over TP or PP through
     # the composable replicate); a per-tensor optimizer loop then pays DTensor dispatch on most of its ops
-    if hw.optimizer_ops_per_tensor and (L.engine == "fsdp2" or (L.engine == "ddp" and (tp > 1 or pp > 1))):
+    if hw.optimizer_ops_per_tensor and (L.engine == "fsdp2" or (L.engine == "ddp" and (L.tp > 1 or L.pp > 1))):
         opt += DTENSOR_OPT_OPS * _stage_tensors(shape, stage_layers) * hw.dtensor_opt_op_s
-    step_dp += links.time("all_reduce", 4, dp_axes + ("pp",), 1) if hw.loss_sync else 0.0
-    step = m * mb_time + bubble + step_dp + opt
-
-    tokens = global_batch * seq
-    gpus = L.world
-    mflops = _flops(shape, global_batch, seq, "none")
-    hflops = _flops(shape, global_batch, seq, L.recompute)
-    peak = hw.peak(dtype)
-    exposed = {"tp": m * stage_layers * tp_s, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
-               "dp": m * fsdp_mb + step_dp}
-    link_kinds = {name: links.kind(axes) for name, axes in
-                  (("tp", ("tp",)), ("cp", ("cp",)), ("dp", dp_axes), ("pp", ("pp",)))
-                  if links.placement(axes)[0] > 1}
-    return Prediction(step_time_s=step, compute_s=m * compute_mb, bubble_s=bubble, exposed_s=exposed,
-                      optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
-                      mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds)
+    return opt
