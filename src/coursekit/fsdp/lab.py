@@ -125,7 +125,7 @@ def qlora_held(model: str = "tiny-llama", *, r: int = 8, block: int = 32, scaler
     import warnings
 
     from coursekit.fsdp.qlora import qlora_model
-    from coursekit.measure.states import optimizer_state_bytes
+    from coursekit.measure.states import optimizer_state_bytes, param_kind_bytes
     from coursekit.parallel.api import adamw
     from coursekit.parallel.loss import cross_entropy
 
@@ -138,16 +138,7 @@ def qlora_held(model: str = "tiny-llama", *, r: int = 8, block: int = 32, scaler
         x = _batch(m.config.vocab_size)
         cross_entropy(m(input_ids=x[:, :-1]).logits, x[:, 1:]).backward()
         opt.step()
-    kinds = dict.fromkeys(("nf4_base", "rest", "adapters", "adapter_grads"), 0)
-    for p in m.parameters():
-        if type(p).__name__ == "NF4Tensor" or type(p.data).__name__ == "NF4Tensor":
-            t = p.data if type(p.data).__name__ == "NF4Tensor" else p
-            kinds["nf4_base"] += sum(getattr(t, k).untyped_storage().nbytes() for k in t.__tensor_flatten__()[0])
-        elif p.requires_grad:
-            kinds["adapters"] += p.untyped_storage().nbytes()
-            kinds["adapter_grads"] += p.grad.untyped_storage().nbytes()
-        else:
-            kinds["rest"] += p.untyped_storage().nbytes()
+    kinds = param_kind_bytes(m, grads=True)
     return kinds | {"adapter_optimizer": optimizer_state_bytes(opt), "trainable_params": sum(p.numel() for p in trainable)}
 
 

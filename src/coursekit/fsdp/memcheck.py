@@ -120,16 +120,9 @@ class _UnitProbe:
 
 def _by_kind(m) -> dict:
     """QLoRA: this rank's NF4 inner tensors (data, scalers, factors, mean, table), frozen rest and adapters."""
-    from torch.distributed.tensor import DTensor
+    from coursekit.measure.states import param_kind_bytes
 
-    out = {"nf4_base": 0, "rest": 0, "adapters": 0}
-    for p in m.parameters():
-        loc = p.to_local() if isinstance(p, DTensor) else p
-        if type(loc).__name__ == "NF4Tensor":
-            out["nf4_base"] += sum(getattr(loc, k).untyped_storage().nbytes() for k in loc.__tensor_flatten__()[0])
-        else:
-            out["adapters" if p.requires_grad else "rest"] += loc.untyped_storage().nbytes()
-    return out
+    return param_kind_bytes(m)
 
 
 def _kinds(snap: dict) -> dict:

@@ -33,6 +33,33 @@ def tensor_bytes(tensors, seen: set | None = None) -> int:
     return sum(n for _, _, n in distinct_storages(((None, t) for t in tensors), seen))
 
 
+def _quantized(t: torch.Tensor):
+    """The inner tensors of a quantized wrapper subclass (torchao's NF4Tensor: 4-bit data, scalers, factors, mean,
+    the code table), whose own storage is empty; None for a plain tensor."""
+    for x in (t, getattr(t, "data", t)):
+        if type(x).__name__ == "NF4Tensor":
+            return [getattr(x, k) for k in x.__tensor_flatten__()[0]]
+    return None
+
+
+def param_kind_bytes(model: torch.nn.Module, *, grads: bool = False) -> dict:
+    """This rank's parameter bytes by kind, as QLoRA holds them: ``nf4_base`` (the quantized inner tensors),
+    ``rest`` (other frozen parameters), ``adapters`` (trainable) and, with ``grads``, ``adapter_grads``."""
+    out = {"nf4_base": 0, "rest": 0, "adapters": 0} | ({"adapter_grads": 0} if grads else {})
+    for p in model.parameters():
+        loc = _local(p)
+        inner = _quantized(loc)
+        if inner is not None:
+            out["nf4_base"] += sum(t.untyped_storage().nbytes() for t in inner)
+        elif p.requires_grad:
+            out["adapters"] += loc.untyped_storage().nbytes()
+            if grads:
+                out["adapter_grads"] += tensor_bytes([p.grad])
+        else:
+            out["rest"] += loc.untyped_storage().nbytes()
+    return out
+
+
 def optimizer_state_bytes(optimizer) -> int:
     tensors = [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
     return tensor_bytes(tensors)
