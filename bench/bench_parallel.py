@@ -117,7 +117,7 @@ def bubbles(model: str, schedules, ms, timeout: float) -> list[dict]:
 
 def predicted_stage_bytes(model: str, schedule: str, m: int, micro_batch: int, seq: int) -> list[int] | None:
     """``coursekit memory --pp 2 --pp-schedule K`` per stage for the probe's run (torch's runtime: what the
-    probe's PeakSaved counts); None for a schedule it does not model."""
+    probe's SavedPeak counts); None for a schedule it does not model."""
     from coursekit.memory import estimate
     from coursekit.memory.pp_order import MODELLED
 

@@ -222,8 +222,8 @@ def test_peak_saved_bytes_per_stage_equal_coursekit_memory(four_layers, no_orpha
     """2 stages of 2 blocks, GPipe and 1F1B at m = 2 and 4, micro-batch 2, seq 32, fp32 (and interleaved 1F1B at
     m = 4, LoopedBFS at m = 2 and the zero-bubble schedules at m = 4, 2 stages of 1 block per rank, the peak along
     their order; under a split backward a micro-batch is held from its forward to its weight pass): each rank's
-    peak of live saved-for-backward storages during a schedule step (``PeakSaved``: storages once, parameters
-    excluded) equals ``coursekit memory --pp 2 --pp-schedule K`` for that stage, to the byte. GPipe holds all m
+    peak of live saved-for-backward storages during a schedule step (``coursekit.measure.peak.SavedPeak``: storages
+    once, parameters excluded) equals ``coursekit memory --pp 2 --pp-schedule K`` for that stage, to the byte. GPipe holds all m
     micro-batches on both stages; 1F1B holds 2 on stage 0 and 1 on stage 1 — plus what torch's schedule pins for
     every micro-batch (the step's input ids and labels, cut into views of one tensor; stage 1's receive buffers,
     which the first fp32 RMSNorm saves as they are): ``megatron.pinned_bytes``. Steps 2 and 3 are compared: a

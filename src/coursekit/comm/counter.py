@@ -220,6 +220,16 @@ class CollectiveCounter:
             s["wire_bytes"] += r.wire_bytes
         return out
 
+    def step_plan(self) -> dict:
+        """The counted step as JSON: ``summary`` and ``calls``, the merged (op, bytes, dtype, group_size) list with
+        a count each (what ``coursekit train --count-step`` and the ZeRO sweep report)."""
+        from collections import Counter
+
+        calls = Counter((r.op, r.bytes, r.dtype, r.group_size) for r in self.records)
+        return {"summary": self.summary(),
+                "calls": [{"op": op, "bytes": b, "dtype": dt, "group_size": n, "count": k}
+                          for (op, b, dt, n), k in sorted(calls.items())]}
+
     def as_plan(self, ops=None) -> list[volume.Collective]:
         """The records as a ``volume`` plan (merged, sorted), restricted to ``ops`` if given: compare with ``==``."""
         return volume.merge(volume.Collective(r.op, r.bytes, 1, r.group_size)

@@ -15,12 +15,12 @@ bubble is everything it does not spend computing: waiting for a neighbour, the s
 Python between chunks. On a machine other jobs share, wall-clock chunks stretch when the core is taken away
 (``stretch``); their CPU seconds do not, and ``replay(..., clock="cpu")`` gives the bubble those costs imply.
 
-``PeakSaved`` counts the saved-for-backward bytes alive at once during a schedule step (storages deduplicated, as
-``coursekit.measure`` does): GPipe holds all m micro-batches at its peak, 1F1B at most p − stage on each stage.
+The PP probe counts the saved-for-backward bytes alive at once during a schedule step with the measurement path's
+peak tracker (``coursekit.measure.peak.SavedPeak``, storages once): GPipe holds all m micro-batches at its peak,
+1F1B at most p − stage on each stage.
 """
 from __future__ import annotations
 
-import weakref
 
 
 def theory(p: int, m: int, v: int = 1) -> float:
@@ -145,58 +145,3 @@ def replay(timelines: list[list], events: list[list] | None = None, clock: str =
             raise ValueError("the timelines' chunk order is not a schedule (a dependency never ran)")
     span = max(free)
     return [1 - b / span for b in busy]
-
-
-class PeakSaved:
-    """``with PeakSaved() as p: schedule.step(...)``; then ``p.peak`` (bytes): the most bytes of storages saved for
-    backward that were alive at once, while the graph or anyone else (torch's runtime keeps each micro-batch's
-    receive buffer) still held the saved tensor.
-
-    The graph is given a detached alias of each saved tensor, as autograd itself keeps a node's own output without
-    its ``grad_fn``: handing it the tensor itself would tie a node to its output in a cycle that outlives the
-    backward wherever the node is not run (a zero-bubble schedule's weight pass runs only part of the graph) and
-    would count memory a real run frees."""
-
-    def __init__(self, params=()):
-        self.live: dict[int, list] = {}  # storage key -> [tensors and aliases alive, bytes]
-        self.excluded = {p.untyped_storage()._cdata for p in params}
-        self.peak = self.total = 0
-        self._refs: set = set()  # the weak references themselves (a collected one never calls back)
-        self._hooks = None
-
-    def pack(self, t):
-        key = t.untyped_storage()._cdata
-        if key in self.excluded:
-            return t
-        alias = t.detach()
-        entry = self.live.get(key)
-        if entry is None:  # a new storage: counted until the last tensor watched on it is gone
-            entry = self.live[key] = [0, t.untyped_storage().nbytes()]
-            self.total += entry[1]
-            self.peak = max(self.peak, self.total)
-            self._watch(key, entry, t)
-        self._watch(key, entry, alias)
-        return alias
-
-    def _watch(self, key, entry, obj) -> None:
-        """Count ``obj`` on ``entry`` until it is collected (a callback, not a scan of every storage per save: the
-        probe's own cost stays out of the chunks it times)."""
-        def gone(ref):
-            self._refs.discard(ref)
-            entry[0] -= 1
-            if not entry[0] and self.live.get(key) is entry:  # an address can be reused by a later storage
-                del self.live[key]
-                self.total -= entry[1]
-
-        entry[0] += 1
-        self._refs.add(weakref.ref(obj, gone))
-
-    def __enter__(self):
-        import torch
-
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)

@@ -19,7 +19,7 @@ def _one(argv, info) -> dict:
     from coursekit.options import parse
     from coursekit.parallel.run import build_run
     from coursekit.pp import SCHEDULES, PipelineOptions
-    from coursekit.pp.bubble import PeakSaved
+    from coursekit.measure.peak import SavedPeak
 
     opts = parse(["--strategy", "ddp", *argv])
     t = opts.train
@@ -29,7 +29,7 @@ def _one(argv, info) -> dict:
     steps = []
     for step in range(t.steps):
         mbs = run_.micro_batches(step)
-        with PeakSaved(params) as peak:
+        with SavedPeak(params=params, held_elsewhere=True) as peak:
             strategy.train_step(mbs)
         pipe = strategy.pipeline
         steps.append({"timeline": pipe.timeline, "events": pipe.events, "peak_saved": peak.peak})

@@ -8,10 +8,10 @@ saved activations — counted on every rank on the run's last step, into the fin
 - ``peak_saved_bytes``: the largest sum of saved-for-backward storages the autograd graph holds at one time during
   the step (deduplicated by storage, parameters and their unsharded copies excluded, views of them too: a DTensor
   linear saves ``weight.t()``, a view of the gathered weight, not the Parameter): one micro-batch's activations
-  under DDP or TP, the in-flight micro-batches of a pipeline stage. Unlike ``coursekit.pp.bubble.PeakSaved``, a
-  tensor stops counting when the graph releases it even if the caller still holds it (a micro-batch's labels after
-  its backward; torch's pipeline schedule keeps every micro-batch's inputs), so this is the saved activations
-  alone.
+  under DDP or TP, the in-flight micro-batches of a pipeline stage (``coursekit.measure.peak.SavedPeak``). Unlike
+  the PP probe's count (``held_elsewhere``), a tensor stops counting when the graph releases it even if the caller
+  still holds it (a micro-batch's labels after its backward; torch's pipeline schedule keeps every micro-batch's
+  inputs), so this is the saved activations alone.
 
 Counting routes every tensor op through Python, so it is for one step, not a run (the step it counts is slower;
 its step time is still recorded but is not a timing figure).
@@ -19,55 +19,6 @@ its step time is still recorded but is not a timing figure).
 from __future__ import annotations
 
 import contextlib
-import weakref
-
-
-class _Saved:
-    """What autograd keeps for one saved slot: alive exactly as long as the graph holds that slot (a tensor the
-    caller still holds elsewhere, e.g. a micro-batch's labels after its backward, is no longer counted). It holds a
-    detached alias, as autograd keeps a node's own output: the tensor itself would tie the node to its output in a
-    cycle that outlives the backward where the node is not run (a zero-bubble schedule's weight pass)."""
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t):
-        self.t = t.detach()
-
-
-class _Peak:
-    """Peak bytes of saved-for-backward storages held by the autograd graph at one time during the step."""
-
-    def __init__(self, model):
-        import torch
-
-        from coursekit.measure.activations import _held, _storage_key  # the measurement path's own keys
-
-        self._param, self._held, self._key, self._model = torch.nn.Parameter, _held, _storage_key, model
-        self.excluded = {_storage_key(t) for t in [*model.parameters(), *model.buffers()]}
-        self.live: dict[int, tuple[int, weakref.WeakSet]] = {}  # storage -> (bytes, the slots that save it)
-        self.peak = 0
-
-    def pack(self, t):
-        if isinstance(t, self._param):  # FSDP2's unsharded parameters are Parameters too: model state
-            return t
-        held = self._held(t)  # a DTensor saves its local shard
-        key = held.untyped_storage()._cdata
-        if key in self.excluded:
-            return t
-        if key not in self.live and key in {self._key(p) for p in self._model.parameters()}:
-            # a view of a parameter FSDP2 (or replicate) gathered for this forward, e.g. the ``weight.t()`` a
-            # DTensor linear saves: model state on its own storage, registered on its module only while in use
-            # (looked up for every new storage: the local tensor of a DTensor's view is not itself a view)
-            return t
-        for k in [k for k, (_, slots) in self.live.items() if not slots]:  # released by the graph
-            del self.live[k]
-        slot = _Saved(t)
-        self.live.setdefault(key, (held.untyped_storage().nbytes(), weakref.WeakSet()))[1].add(slot)
-        self.peak = max(self.peak, sum(n for n, _ in self.live.values()))
-        return slot
-
-    @staticmethod
-    def unpack(x):
-        return x.t if isinstance(x, _Saved) else x
 
 
 @contextlib.contextmanager
@@ -78,15 +29,13 @@ def count_step(model, enabled: bool):
     if not enabled:
         yield out
         return
-    import torch
-
     from coursekit.comm.counter import CollectiveCounter
+    from coursekit.measure.peak import SavedPeak
 
-    peak = _Peak(model)
-    with CollectiveCounter() as cc, torch.autograd.graph.saved_tensors_hooks(peak.pack, peak.unpack):
+    with CollectiveCounter() as cc, SavedPeak(model=model) as peak:
         yield out
-    ops = sorted({r.op for r in cc.records})
-    out["comm"] = {op: {"calls": cc.calls(op), "bytes": cc.total_bytes(op)} for op in ops}
+    summary = cc.summary()  # the counter's one plan of the step, per op
+    out["comm"] = {op: {"calls": summary[op]["calls"], "bytes": summary[op]["bytes"]} for op in sorted(summary)}
     out["comm_bytes"] = sum(v["bytes"] for v in out["comm"].values())
     out["peak_saved_bytes"] = peak.peak
 

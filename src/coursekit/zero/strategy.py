@@ -157,7 +157,7 @@ class ZeRO(Strategy):
             if self._counter is not None:
                 counter, self._counter = self._counter, None
                 counter.__exit__(None, None, None)
-                self.collectives = _plan(counter)
+                self.collectives = counter.step_plan()
         if measure:
             self.last_state_bytes = self.state_bytes()
         self._step += 1
@@ -264,13 +264,3 @@ def _max_merge(a: dict, b: dict) -> dict:
         if isinstance(v, int) and isinstance(b.get(k), int):
             out[k] = max(v, b[k])
     return out
-
-
-def _plan(counter) -> dict:
-    """The counted step as JSON: per-op summary and the merged (op, bytes, calls, dtype) list."""
-    from collections import Counter
-
-    calls = Counter((r.op, r.bytes, r.dtype, r.group_size) for r in counter.records)
-    return {"summary": counter.summary(),
-            "calls": [{"op": op, "bytes": b, "dtype": dt, "group_size": n, "count": k}
-                      for (op, b, dt, n), k in sorted(calls.items())]}
