@@ -33,11 +33,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def dims_of(a):
-    from coursekit.parallel import ParallelDims
-    from coursekit.spec.registry import entry
+    from coursekit.spec.runspec import RunSpec
 
-    return ParallelDims(world_size=a.nproc, dp_replicate=a.dp_replicate, dp_shard=a.dp_shard,
-                        dp_flavour=entry(a.strategy).flavour, **{k: getattr(a, k) for k in registry.PARALLELISMS})
+    degrees = {k: getattr(a, k) for k in registry.PARALLELISMS if getattr(a, k) != 1}
+    return RunSpec(strategy=a.strategy, world=a.nproc, dp_replicate=a.dp_replicate, dp_shard=a.dp_shard,
+                   degrees=degrees).dims()
 
 
 def placement(dims, gpus_per_node: int) -> dict:

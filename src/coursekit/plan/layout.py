@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from coursekit.parallel import ParallelDims
+from coursekit.spec.dims import ParallelDims
+from coursekit.spec.runspec import RunSpec
 
 ENGINES = ("ddp", "deepspeed", "fsdp2")
 RECOMPUTE = ("none", "selective", "full")
@@ -84,10 +85,15 @@ class Layout:
     def shards_params(self) -> bool:
         return self.engine == "fsdp2" or (self.engine == "deepspeed" and self.zero == 3)
 
+    def spec(self) -> RunSpec:
+        """The run this layout describes, in the run description's terms (its strategy, degrees, schedule)."""
+        return RunSpec(strategy=self.strategy, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
+                       degrees={k: getattr(self, k) for k in ("tp", "pp", "cp") if getattr(self, k) > 1},
+                       micro_batch=self.micro_batch, recompute=self.recompute, cp_impl=self.cp_impl,
+                       pp_schedule=self.pp_schedule, sp=self.sp and self.tp > 1)
+
     def dims(self) -> ParallelDims:
-        flavour = "replicate" if self.engine != "fsdp2" else ("hybrid" if self.dp_replicate > 1 else "shard")
-        return ParallelDims(world_size=self.world, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
-                            tp=self.tp, pp=self.pp, cp=self.cp, dp_flavour=flavour)
+        return self.spec().dims()
 
     def memory_kwargs(self) -> dict:
         """Keyword arguments for ``coursekit.memory.estimate`` (its TrainConfig names)."""

@@ -45,10 +45,12 @@ def predicted_saved(argv: list, nproc: int) -> list[int]:
     ARGV`` on ``nproc`` processes: what ``peak_saved_bytes`` of a rank on that stage is measured against (the
     peak along the run's schedule, ``coursekit.memory.pp_order``; data-parallel flavours do not change
     activations). fp32 only: the trainer's bf16 is autocast, which the calculator does not model."""
+    from dataclasses import replace
+
     from coursekit.memory import estimate
     from coursekit.options import parse
-    from coursekit.pp import PipelineOptions
     from coursekit.parallel.validate import validate
+    from coursekit.spec.runspec import RunSpec
 
     opts = parse([str(a) for a in argv])
     dims = validate(opts, nproc)
@@ -57,21 +59,11 @@ def predicted_saved(argv: list, nproc: int) -> list[int]:
         raise ValueError(f"predicted_saved: the calculator models fp32 runs, not the trainer's {t.dtype} autocast")
     if p.strategy not in ("single", "ddp", "fsdp2", "hsdp"):
         raise ValueError(f"predicted_saved: strategy {p.strategy!r} is not modelled here (single, ddp, fsdp2, hsdp)")
-    kw = {}
-    if dims.cp > 1:
-        from coursekit.cp.options import CPOptions
-
-        kw["cp_impl"] = opts.of(CPOptions).cp_impl
-    if dims.tp > 1:
-        from coursekit.tp import TPOptions
-
-        kw["sp"] = opts.of(TPOptions).sp
-    if dims.pp > 1:
-        kw["pp_schedule"] = opts.of(PipelineOptions).pp_schedule
-    e = estimate(t.model, micro_batch=t.micro_batch, seq=t.seq, dtype="fp32", precision="fp32", strategy="ddp",
-                 dp_replicate=dims.size("loss") // dims.cp, tp=dims.tp, pp=dims.pp, cp=dims.cp,
-                 grad_accum=t.grad_accum, attention=t.attention, kernels="cpu", recompute=t.recompute,
-                 position_ids="per-sequence", **kw)
+    # the run as the trainer describes it; its data-parallel flavour does not change activations, so its
+    # data-parallel ranks are priced as DDP replicas
+    spec = replace(RunSpec.from_options(opts), strategy="ddp", world=None, dp_shard=None,
+                   dp_replicate=dims.size("loss") // dims.cp)
+    e = estimate(t.model, **spec.calculator(), precision="fp32", kernels="cpu", position_ids="per-sequence")
     if dims.pp == 1:
         return [e.categories["saved_activations"]]
     # what the graph holds: the in-flight micro-batches, and the step's ids / labels that torch's schedule cuts
