@@ -20,7 +20,6 @@ KNOWN = {
     ("--dtype", "subset"): "the trainer runs fp32 or bf16 autocast; the calculator and planner also model fp16",
     ("--dtype", "default"): "the trainer's default is fp32 (CPU labs), the calculator's and planner's bf16 (GPUs)",
     ("--recompute", "subset"): "selective recompute is modelled (calculator, planner) but not run by the trainer",
-    ("--pp-schedule", "default"): "trainer gpipe, calculator 1f1b: not yet one default (README figures use both)",
     ("--strategy", "default"): "trainer single (1 process), layout ddp (it shows N ranks), calculator none "
                                "(--engine/--zero given instead)",
     ("--seq", "default"): "the trainer has a small default (64); the calculator and planner require it",

@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="RoPE tables: shared (1, s), or per-sequence (b, s) position ids as coursekit's trainer passes")
     a("--grad-accum", "--microbatches", dest="microbatches", type=int,
       help="micro-batches per optimizer step, under pp the schedule's (default: pp; alias --microbatches)")
-    a("--pp-schedule", default="1f1b", choices=list(PP_SCHEDULES),
-      help="what a stage holds at its peak follows the schedule's order (coursekit.memory.pp_order)")
+    a("--pp-schedule", default="gpipe", choices=list(PP_SCHEDULES),
+      help="what a stage holds at its peak follows the schedule's order (coursekit.memory.pp_order); default "
+           "gpipe, as coursekit train")
     a("--pp-virtual", type=int, help="stages per rank for interleaved-1f1b / looped-bfs / interleaved-zb (default 2, "
       "as the trainer; zbv and dualpipev: exactly 2, in a V)")
     a("--pp-runtime", default="torch", choices=["torch", "megatron"],

@@ -73,8 +73,8 @@ class TrainConfig:
     as coursekit's trainer does (RoPE tables b times larger)."""
     microbatches: int | None = None
     """Micro-batches per optimizer step, the trainer's --grad-accum (under pp: the schedule's); None: pp."""
-    pp_schedule: str = "1f1b"
-    """1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them;
+    pp_schedule: str = "gpipe"
+    """The trainer's default, gpipe: every stage holds all its micro-batches; 1f1b: stage i holds min(pp - i, microbatches) micro-batches of activations; gpipe: all of them;
     interleaved-1f1b, looped-bfs and interleaved-zb: pp_virtual stages per rank; zbv and dualpipev: two in a V; held
     along the schedule's order (coursekit.memory.pp_order: warm-up + 1 chunk micro-batches for interleaved-1f1b, all
     pp_virtual·microbatches for looped-bfs; the zero-bubble schedules hold a micro-batch from its forward to its
