@@ -85,6 +85,23 @@ class Layout:
     def shards_params(self) -> bool:
         return self.engine == "fsdp2" or (self.engine == "deepspeed" and self.zero == 3)
 
+    @classmethod
+    def from_spec(cls, spec: RunSpec) -> "Layout":
+        """The planner's layout of a run description: the engine and ZeRO stage its strategy's registry entry names,
+        the data-parallel degrees its mesh fills, its micro-batch."""
+        e = spec.entry
+        if not e.engine:
+            raise ValueError(f"no planner layout for strategy {spec.strategy!r}: {e.unmodelled}")
+        zero = e.zero if e.zero is not None else spec.zero
+        if e.engine == "deepspeed" and zero is None:
+            raise ValueError(f"strategy {spec.strategy!r} takes its ZeRO stage from its DeepSpeed config: give zero")
+        dims = spec.dims()
+        d = dims.degrees
+        return cls(dp_replicate=d["dp_replicate"], dp_shard=d["dp_shard"], tp=d["tp"], pp=d["pp"], cp=d["cp"],
+                   micro_batch=spec.batch(dims)[0], recompute=spec.recompute, engine=e.engine,
+                   zero=zero or 0, sp=spec.sp, cp_impl=spec.cp_impl,
+                   pp_schedule=spec.pp_schedule if d["pp"] > 1 else "1f1b")
+
     def spec(self) -> RunSpec:
         """The run this layout describes, in the run description's terms (its strategy, degrees, schedule)."""
         return RunSpec(strategy=self.strategy, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,

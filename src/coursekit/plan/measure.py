@@ -202,28 +202,20 @@ class TrainerRun:
             a += ["--cp-impl", self.cp_impl]
         return a + (["--sp"] if self.sp and self.tp > 1 else [])
 
+    def spec(self, global_batch: int | None = None):
+        """This run's description (``coursekit.spec.runspec.RunSpec``)."""
+        from coursekit.spec.runspec import RunSpec
+
+        degrees = {k: getattr(self, k) for k in ("tp", "pp", "cp") if getattr(self, k) > 1}
+        return RunSpec(strategy=self.strategy, world=self.nproc, degrees=degrees, grad_accum=self.grad_accum,
+                       dp_shard=self.dp_shard if self.strategy == "hsdp" else None, global_batch=global_batch,
+                       sp=self.sp, pp_schedule=self.pp_schedule, cp_impl=self.cp_impl)
+
     def layout(self, global_batch: int):
+        """The planner's Layout of the same run (``Layout.from_spec``)."""
         from coursekit.plan.layout import Layout
 
-        if global_batch % (self.dp * self.grad_accum):
-            raise ValueError(f"global batch {global_batch} does not split into dp {self.dp} x grad_accum "
-                             f"{self.grad_accum}")
-        kw = dict(tp=self.tp, pp=self.pp, cp=self.cp, micro_batch=global_batch // (self.dp * self.grad_accum),
-                  sp=self.sp, cp_impl=self.cp_impl, pp_schedule=self.pp_schedule if self.pp > 1 else "1f1b")
-        s = self.strategy
-        if s == "single":
-            if self.nproc != 1:
-                raise ValueError("strategy single runs on one process")
-            return Layout(**kw)
-        if s == "ddp":
-            return Layout(dp_replicate=self.dp, **kw)
-        if s in ("zero1", "zero2", "zero3"):
-            return Layout(dp_replicate=self.dp, engine="deepspeed", zero=int(s[-1]), **kw)
-        if s == "fsdp2":
-            return Layout(dp_shard=self.dp, engine="fsdp2", **kw)
-        if s == "hsdp":
-            return Layout(dp_replicate=self.dp // self.dp_shard, dp_shard=self.dp_shard, engine="fsdp2", **kw)
-        raise ValueError(f"no planner layout for trainer strategy {s!r}")
+        return Layout.from_spec(self.spec(global_batch))
 
 
 def trainer_layout(strategy: str, nproc: int, micro_batch: int):
