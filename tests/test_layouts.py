@@ -57,6 +57,9 @@ def test_stage_split_is_contiguous_and_front_loaded():
     (["--strategy", "ddp", "--model", "tiny-gpt2", "--tp", "2"], r"--tp has no plan for tiny-gpt2 \(gpt2\)"),
     (["--strategy", "ddp", "--pp-schedule", "1f1b"], "--pp-schedule belongs to pp, which this run does not use"),
     (["--strategy", "ddp", "--profile-steps", "3:1"], "need 0 <= a < b"),
+    (["--strategy", "ddp", "--cp", "-1"], "--cp must be >= 1, got -1"),  # not a --nproc error: the user gave --cp
+    (["--strategy", "ddp", "--tp", "0"], "--tp must be >= 1, got 0"),
+    (["--strategy", "ddp", "--seq", "0"], "--seq must be >= 1, got 0"),
 ])
 def test_impossible_layouts_are_refused_before_launch(args, needle):
     from coursekit.train.launcher import plan

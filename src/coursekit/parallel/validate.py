@@ -2,23 +2,25 @@
 worker runs it again on start. Bad input raises ValueError with one clear message (exit code 2 at the CLI)."""
 from __future__ import annotations
 
-from coursekit.parallel import LayoutError, ParallelDims, check_model
+from coursekit.parallel import LayoutError, ParallelDims, check_model  # noqa: F401 (ParallelDims: the type)
 from coursekit.spec import registry
 
 
 def dims_for(opts, world_size: int) -> ParallelDims:
-    p = opts.parallel
-    e = registry.entry(p.strategy)
-    if e.world == "one" and world_size != 1:
-        raise ValueError(f"strategy {p.strategy!r} runs on 1 process, not {world_size}; "
-                         "use --strategy ddp (or another parallel strategy) for more")
-    return ParallelDims(world_size=world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, dp_flavour=e.flavour,
-                        **{name: registry.degree(opts, name) for name in registry.PARALLELISMS})
+    """The mesh of the run ``opts`` describes on ``world_size`` processes (its run description's)."""
+    from coursekit.spec.runspec import RunSpec
+
+    return RunSpec.from_options(opts, world_size).dims()
 
 
 def default_world(opts) -> int | None:
-    """The world size the degrees ask for when any is given (dp_* default 1 then), else None."""
+    """The world size the degrees ask for when any is given (dp_* default 1 then), else None. A degree below 1 is
+    refused here, naming its flag (before any world size is derived from it)."""
     p = opts.parallel
+    for name in ("dp_replicate", "dp_shard", *registry.PARALLELISMS):
+        v = getattr(p, name) if name.startswith("dp_") else registry.degree(opts, name)
+        if v is not None and (isinstance(v, bool) or v < 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
     if not {"dp_replicate", "dp_shard", *registry.PARALLELISMS} & set(opts.given):
         return None
     world = (p.dp_replicate or 1) * (p.dp_shard or 1)
@@ -27,13 +29,19 @@ def default_world(opts) -> int | None:
     return world
 
 
-def resolve_batch(t, dp_world: int) -> None:
-    """Fill ``t.micro_batch`` / ``t.global_batch`` (TrainingOptions) for ``dp_world`` data-parallel ranks."""
+def check_counts(t) -> None:
+    """The counts of TrainingOptions ``t`` are positive (named by their flags)."""
     for k in ("steps", "seq", "grad_accum"):
         if getattr(t, k) < 1:
             raise ValueError(f"--{k.replace('_', '-')} must be >= 1, got {getattr(t, k)}")
-    if t.micro_batch is not None and t.micro_batch < 1:
-        raise ValueError(f"--micro-batch must be >= 1, got {t.micro_batch}")
+    for k in ("micro_batch", "global_batch"):
+        if getattr(t, k) is not None and getattr(t, k) < 1:
+            raise ValueError(f"--{k.replace('_', '-')} must be >= 1, got {getattr(t, k)}")
+
+
+def resolve_batch(t, dp_world: int) -> None:
+    """Fill ``t.micro_batch`` / ``t.global_batch`` (TrainingOptions) for ``dp_world`` data-parallel ranks."""
+    check_counts(t)
     if t.micro_batch is None:
         g = 8 if t.global_batch is None else t.global_batch
         if g < 1 or g % (dp_world * t.grad_accum):
@@ -62,6 +70,7 @@ def validate(opts, world_size: int) -> ParallelDims:
     if opts.ckpt.save_every < 0:
         raise ValueError(f"--save-every must be >= 0, got {opts.ckpt.save_every}")
     parse_steps(opts.profile.profile_steps)
+    check_counts(t)
     try:
         dims = dims_for(opts, world_size)
         shape = resolve_model(t.model)

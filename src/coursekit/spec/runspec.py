@@ -143,7 +143,7 @@ class RunSpec:
             return getattr(groups[group_name], attr) if group_name in groups else default
 
         t, p = opts.train, opts.parallel
-        degrees = {n: registry.degree(opts, n) for n in registry.PARALLELISMS if registry.degree(opts, n) > 1}
+        degrees = {n: registry.degree(opts, n) for n in registry.PARALLELISMS if registry.degree(opts, n) != 1}
         return cls(model=t.model, strategy=p.strategy, world=world, dp_replicate=p.dp_replicate,
                    dp_shard=p.dp_shard, degrees=degrees, seq=t.seq, micro_batch=t.micro_batch,
                    global_batch=t.global_batch, grad_accum=t.grad_accum, dtype=t.dtype, attention=t.attention,
