@@ -52,7 +52,7 @@ def test_the_calculator_sizes_the_run_as_its_trainer_vocabulary_does(spec):
     if d["pp"] > 1:
         old["pp_schedule"] = spec.pp_schedule
     by_vocab = estimate("tiny-llama", **old)
-    by_spec = estimate("tiny-llama", **spec.calculator())
+    by_spec = estimate(spec)  # the calculator takes the run description itself
     assert by_spec.to_dict() == by_vocab.to_dict()
     assert by_spec.config.world == spec.dims().world_size
 
@@ -85,3 +85,25 @@ def test_a_run_that_cannot_be_is_refused_when_asked():
         RunSpec(strategy="fsdp1", dp_shard=2).calculator()
     with pytest.raises(ConfigError, match="global batch 6 is not divisible"):
         RunSpec(strategy="ddp", dp_replicate=4, global_batch=6).batch()
+
+
+def test_the_calculator_takes_the_run_and_only_its_own_knobs_beside_it():
+    spec = RunSpec(strategy="ddp", dp_replicate=2, micro_batch=2, seq=32)
+    cpu = estimate(spec, kernels="cpu")
+    assert cpu.config.kernels == "cpu" and cpu.config.batch == 2 and cpu.config.dp == 2
+    with pytest.raises(ConfigError, match="already sets batch"):
+        estimate(spec, batch=3)
+
+
+def test_the_planners_layout_takes_the_trainers_names():
+    from coursekit.plan.layout import parse_layout
+
+    assert parse_layout("strategy=zero3,dp_replicate=8") == parse_layout("engine=deepspeed,zero=3,dp_replicate=8")
+    assert parse_layout("strategy=hsdp,dp_replicate=2,dp_shard=4") == parse_layout(
+        "engine=fsdp2,dp_replicate=2,dp_shard=4")
+    assert parse_layout("pp=2,grad_accum=8,pp_virtual=2") == parse_layout("pp=2,microbatches=8,virtual_stages=2")
+    for text, needle in (("strategy=zero3,zero=2", "is zero 3, not 2"), ("strategy=fsdp1", "not modelled"),
+                         ("strategy=hsdp,dp_shard=4", "needs dp_replicate > 1"), ("strategy=nope", "unknown"),
+                         ("grad_accum=4,microbatches=8", "disagree")):
+        with pytest.raises(ValueError, match=needle):
+            parse_layout(text)

@@ -33,6 +33,7 @@ from coursekit.memory.activations import ActivationReport
 from coursekit.memory.train_config import TrainConfig
 from coursekit.memory.errors import ConfigError
 from coursekit.memory.gpus import GiB, gpu as gpu_lookup
+from coursekit.spec.runspec import RunSpec
 from coursekit.memory.presets import PRESETS, preset
 from coursekit.memory.shapes import ModelShape, from_hf_config
 from coursekit.memory.states import PRECISIONS
@@ -158,9 +159,20 @@ class Estimate:
 def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     """Per-rank memory of training ``model`` (preset, config.json path, HF dict or ModelShape).
 
-    Give a TrainConfig, or its fields as keyword arguments: ``estimate("llama3-8b", batch=1, seq=8192, zero=3, dp=8)``,
-    or the trainer's names for them (``coursekit.memory.vocab``): ``micro_batch=1, strategy="zero3", dp_replicate=8``.
+    Give a run description (``estimate(RunSpec(model="llama3-8b", strategy="zero3", dp_replicate=8, micro_batch=1,
+    seq=8192), kernels="cpu")``: keyword arguments then set only what the run does not say, the calculator's own
+    knobs), a TrainConfig, or its fields as keyword arguments: ``estimate("llama3-8b", batch=1, seq=8192, zero=3,
+    dp=8)``, or the trainer's names for them (``coursekit.memory.vocab``): ``micro_batch=1, strategy="zero3",
+    dp_replicate=8``.
     """
+    if isinstance(model, RunSpec):
+        model, config = model.model, model
+    if isinstance(config, RunSpec):
+        run = config.calculator()
+        both = sorted(set(run) & set(kwargs))
+        if both:
+            raise ConfigError(f"the run description already sets {', '.join(both)}; give them in the RunSpec")
+        config, kwargs = TrainConfig(**run, **kwargs), {}
     shape = resolve_model(model)
     c = config if config is not None else TrainConfig(**vocab.config_kwargs(kwargs))
     if config is not None and kwargs:

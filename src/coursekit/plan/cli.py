@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, metavar="FILE.png", help="memory vs predicted step time, Pareto front")
     p.add_argument("--layout", default=None, help="evaluate one layout: k=v,... (keys: dp_replicate, dp_shard, tp, "
                    "pp, cp, micro_batch, recompute, zero, engine, pp_schedule, microbatches, virtual_stages, "
-                   "cp_impl, sp)")
+                   "cp_impl, sp; or the trainer's names: strategy=zero3, grad_accum, pp_virtual)")
     p.add_argument("--hardware", default=None, metavar="FILE", help="YAML/JSON overrides (gpu, network, "
                    "collectives: coursekit.comm.bench rows)")
     return p

@@ -142,12 +142,40 @@ class Layout:
         return " ".join(parts)
 
 
-_INT = {"dp_replicate", "dp_shard", "tp", "pp", "cp", "micro_batch", "zero", "microbatches", "virtual_stages"}
+_INT = {"dp_replicate", "dp_shard", "tp", "pp", "cp", "micro_batch", "zero", "microbatches", "virtual_stages",
+        "grad_accum", "pp_virtual"}
+
+
+def _strategy(out: dict) -> None:
+    """``strategy=NAME`` in a --layout: the engine and ZeRO stage its registry entry names (given ones must agree)."""
+    from coursekit.spec import registry
+
+    name = out.pop("strategy")
+    e = registry.STRATEGIES.get(name)
+    if e is None:
+        raise ValueError(f"--layout strategy {name!r} is unknown; choose one of {', '.join(registry.STRATEGIES)}")
+    if not e.engine:
+        raise ValueError(f"--layout strategy {name!r} is not modelled: {e.unmodelled}")
+    if e.engine == "deepspeed" and e.zero is None and "zero" not in out:
+        raise ValueError(f"--layout strategy {name!r} takes its ZeRO stage from its config: give zero=K")
+    for k, v in (("engine", e.engine), ("zero", e.zero)):
+        if v is not None and k in out and out[k] != v:
+            raise ValueError(f"--layout strategy={name} is {k} {v}, not {out[k]}; give one of them")
+        if v is not None:
+            out[k] = v
+    if e.flavour == "hybrid" and not (out.get("dp_replicate", 1) > 1 and out.get("dp_shard", 1) > 1):
+        raise ValueError("--layout strategy=hsdp needs dp_replicate > 1 and dp_shard > 1 (replicas of shard groups)")
+
+
+# the trainer's (and the run description's) names for Layout fields: --layout takes either
+TRAINER_NAMES = {"grad_accum": "microbatches", "pp_virtual": "virtual_stages"}
 
 
 def parse_layout(text: str) -> dict:
-    """'dp_shard=8,tp=1,micro_batch=2,recompute=selective' -> a dict of Layout fields (values typed)."""
-    names = {f.name for f in fields(Layout)}
+    """'dp_shard=8,tp=1,micro_batch=2,recompute=selective' -> a dict of Layout fields (values typed). The trainer's
+    names work too: ``strategy=zero3`` (the engine and ZeRO stage of its registry entry), ``grad_accum``,
+    ``pp_virtual``."""
+    names = {f.name for f in fields(Layout)} | set(TRAINER_NAMES) | {"strategy"}
     out = {}
     for item in (s.strip() for s in text.split(",") if s.strip()):
         if "=" not in item:
@@ -164,6 +192,13 @@ def parse_layout(text: str) -> dict:
             out[k] = v.lower() in ("1", "true", "yes", "on")
         else:
             out[k] = v
+    for new, old in TRAINER_NAMES.items():
+        if new in out:
+            if old in out and out[old] != out[new]:
+                raise ValueError(f"--layout {new}={out[new]} and {old}={out[old]} disagree; give one")
+            out[old] = out.pop(new)
+    if "strategy" in out:
+        _strategy(out)
     if out.get("zero") and "engine" not in out:
         out["engine"] = "deepspeed"
     if out.get("dp_shard", 1) > 1 and "engine" not in out:

@@ -63,7 +63,7 @@ def predicted_saved(argv: list, nproc: int) -> list[int]:
     # data-parallel ranks are priced as DDP replicas
     spec = replace(RunSpec.from_options(opts), strategy="ddp", world=None, dp_shard=None,
                    dp_replicate=dims.size("loss") // dims.cp)
-    e = estimate(t.model, **spec.calculator(), precision="fp32", kernels="cpu", position_ids="per-sequence")
+    e = estimate(spec, precision="fp32", kernels="cpu", position_ids="per-sequence")
     if dims.pp == 1:
         return [e.categories["saved_activations"]]
     # what the graph holds: the in-flight micro-batches, and the step's ids / labels that torch's schedule cuts
