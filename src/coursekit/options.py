@@ -18,6 +18,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -30,25 +31,25 @@ DTYPES = ("fp32", "bf16")
 class TrainingOptions:
     model: str = "tiny-llama"
     """Preset name (coursekit memory --list) or path to an HF config.json."""
-    steps: int = 5
+    steps: int = field(default=5, metadata={"min": 1})
     """Optimizer steps to run."""
-    seq: int = 64
+    seq: int = field(default=64, metadata={"min": 1, "max": 1 << 24})
     """Sequence length in tokens (every sample has seq inputs and seq pre-shifted labels)."""
-    micro_batch: int | None = None
+    micro_batch: int | None = field(default=None, metadata={"min": 1, "max": 1 << 31})
     """Sequences per data-parallel rank per micro-batch (default: from --global-batch)."""
-    global_batch: int | None = None
+    global_batch: int | None = field(default=None, metadata={"min": 1, "max": 1 << 31})
     """Sequences per optimizer step over all data-parallel ranks (sets --micro-batch); default 8."""
-    grad_accum: int = field(default=1, metadata={"aliases": ("--microbatches",)})
+    grad_accum: int = field(default=1, metadata={"aliases": ("--microbatches",), "min": 1, "max": 1 << 20})
     """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches under --pp)."""
     dtype: str = field(default="fp32", metadata={"choices": DTYPES})
     """fp32, or bf16 (autocast with fp32 master weights; DeepSpeed: its bf16 block)."""
     attention: str = field(default="sdpa", metadata={"choices": ATTENTION})
     """Attention implementation as transformers names it."""
-    lr: float = 1e-3
+    lr: float = field(default=1e-3, metadata={"min": 0})
     """AdamW learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = field(default=0.0, metadata={"min": 0})
     """AdamW decoupled weight decay."""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": (1 << 32) - 1})
     """Seed of the model init (same on every rank) and of the data."""
     data: str = field(default="synthetic", metadata={"choices": ("synthetic", "text")})
     """synthetic arithmetic sequences, or byte windows of the shipped text corpus."""
@@ -62,15 +63,15 @@ class TrainingOptions:
 class ParallelOptions:
     strategy: str = field(default="single", metadata={"choices": STRATEGIES})
     """Data-parallel strategy: single, ddp, zero0-3, deepspeed (more as the course's modules add them)."""
-    dp_replicate: int | None = None
+    dp_replicate: int | None = field(default=None, metadata={"min": 1})
     """Data-parallel replicas (DDP, ZeRO, HSDP across nodes); default: the ranks left by tp x pp x cp."""
-    dp_shard: int | None = None
+    dp_shard: int | None = field(default=None, metadata={"min": 1})
     """Data-parallel ranks that shard parameters (FSDP2, HSDP within a node)."""
-    tp: int = 1
+    tp: int = field(default=1, metadata={"min": 1})
     """Tensor-parallel degree."""
-    pp: int = 1
+    pp: int = field(default=1, metadata={"min": 1})
     """Pipeline-parallel stages."""
-    cp: int = 1
+    cp: int = field(default=1, metadata={"min": 1})
     """Context-parallel degree (the sequence is split over these ranks)."""
 
 
@@ -78,7 +79,7 @@ class ParallelOptions:
 class CheckpointOptions:
     ckpt_dir: str | None = None
     """Checkpoint folder (torch.distributed.checkpoint); a run resumes from its latest complete step."""
-    save_every: int = 0
+    save_every: int = field(default=0, metadata={"min": 0})
     """Checkpoint every K steps (and at the end); needs --ckpt-dir."""
     async_ckpt: str = field(default="none", metadata={"choices": ("none", "thread", "process")})
     """dcp.async_save on its own gloo group: thread or process writes in the background while training goes on
@@ -98,18 +99,18 @@ class ProfilingOptions:
 
 @dataclass(kw_only=True)
 class FaultOptions:
-    crash_at_step: int | None = None
+    crash_at_step: int | None = field(default=None, metadata={"min": 0})
     """Fault injection: raise at this step unless the run resumed from a checkpoint."""
-    kill_at_step: int | None = None
+    kill_at_step: int | None = field(default=None, metadata={"min": 0})
     """Fault injection: SIGKILL one worker (--kill-rank) at this step, in the first attempt only (elastic restarts)."""
-    kill_rank: int = 1
+    kill_rank: int = field(default=1, metadata={"min": 0})
     """The rank --kill-at-step / --kill-in-save kills."""
-    kill_in_save: int | None = None
+    kill_in_save: int | None = field(default=None, metadata={"min": 1})
     """Fault injection: SIGKILL --kill-rank while it writes the checkpoint of this step (before its marker), first
     attempt only; the restart loads the previous complete checkpoint."""
-    slow_rank: int | None = None
+    slow_rank: int | None = field(default=None, metadata={"min": 0})
     """Fault injection: this rank sleeps --slow-ms at the start of every step (a straggler)."""
-    slow_ms: float = 0.0
+    slow_ms: float = field(default=0.0, metadata={"min": 0, "max": 3_600_000})
     """Milliseconds the --slow-rank sleeps per step."""
 
 
@@ -122,13 +123,13 @@ class OutputOptions:
 @dataclass(kw_only=True)
 class LaunchOptions:
     """The launcher's own options (``coursekit train``): not passed to the workers."""
-    nproc: int | None = None
+    nproc: int | None = field(default=None, metadata={"min": 1, "max": 1 << 16})
     """Processes (default: the product of the parallel degrees; else GPUs present, else 2; 1 for single)."""
-    timeout: float = 600
+    timeout: float = field(default=600, metadata={"gt": 0})
     """Seconds before the whole job is stopped."""
     json: bool = False
     """Print every rank's records (steps, final) as one JSON object instead of the summary table."""
-    max_restarts: int = 0
+    max_restarts: int = field(default=0, metadata={"min": 0, "max": 1000})
     """Elastic recovery: torchrun restarts every worker up to this many times when one fails (resume from
     --ckpt-dir)."""
 
@@ -208,6 +209,24 @@ def build_parser(prog: str = "coursekit train", launcher: bool = False) -> argpa
     return p
 
 
+def check_ranges(inst) -> None:
+    """Every field of an option group against its declaration: a float must be finite; ``min`` / ``max`` bound it
+    (inclusive), ``gt`` from below (exclusive). A ValueError names the flag. Every numeric field declares a range
+    (``tests/test_options.py`` checks that), so a new option cannot forget it."""
+    for f in dataclasses.fields(inst):
+        v, m = getattr(inst, f.name), f.metadata
+        if v is None or isinstance(v, (bool, str)):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{flag(f.name)} must be a finite number, got {v}")
+        if "min" in m and v < m["min"]:
+            raise ValueError(f"{flag(f.name)} must be >= {m['min']}, got {v}")
+        if "gt" in m and v <= m["gt"]:
+            raise ValueError(f"{flag(f.name)} must be > {m['gt']}, got {v}")
+        if "max" in m and v > m["max"]:
+            raise ValueError(f"{flag(f.name)} must be <= {m['max']:,}, got {v}")
+
+
 def build(values: dict, given: set[str] | None = None) -> Options:
     """Options from a dict of field values (unknown names refused); ``given`` defaults to the dict's keys."""
     given = set(values) if given is None else given
@@ -215,6 +234,7 @@ def build(values: dict, given: set[str] | None = None) -> Options:
     for cls in [*CORE.values(), *(c for c, _ in component_groups())]:
         names = {f.name for f in dataclasses.fields(cls)}
         groups[cls] = cls(**{k: left.pop(k) for k in list(left) if k in names})
+        check_ranges(groups[cls])
     if left:
         raise ValueError(f"unknown option(s): {', '.join(flag(k) for k in sorted(left))}")
     opts = Options(groups, given)

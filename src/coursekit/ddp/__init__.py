@@ -4,10 +4,10 @@ This file holds only the option group (pure Python, so the CLI parses without im
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(kw_only=True)
 class DDPOptions:
-    bucket_mb: float | None = None
+    bucket_mb: float | None = field(default=None, metadata={"gt": 0})
     """DDP gradient bucket size in MiB (default 25): smaller buckets start their all-reduce earlier in backward."""

@@ -19,7 +19,7 @@ class FSDPOptions:
     """Units FSDP shards and gathers: every transformer block, every pair of blocks, or the root only."""
     offload: str = field(default="none", metadata={"choices": ("none", "cpu")})
     """cpu: parameters, gradients and optimizer states live on the host (CPUOffloadPolicy); the step runs there."""
-    prefetch: int = 0
+    prefetch: int = field(default=0, metadata={"min": 0, "max": 1024})
     """Explicit prefetch: gather the next N units during this one's forward and the previous N in backward (0:
     FSDP2's own, measured from traces on CPU: none in forward, one unit ahead in backward). On CPU the early
     all-gathers are issued asynchronously (gloo's thread), so they overlap compute there too."""

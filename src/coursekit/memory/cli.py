@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -106,8 +107,8 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
     if ns.reduce_bucket_size is not None:
         kw["bucket_elems"] = ns.reduce_bucket_size
     if ns.runtime_gib is not None:
-        if ns.runtime_gib < 0:
-            raise ConfigError(f"--runtime-gib must be >= 0, got {ns.runtime_gib}")
+        if not math.isfinite(ns.runtime_gib) or ns.runtime_gib < 0:
+            raise ConfigError(f"--runtime-gib must be a finite number >= 0, got {ns.runtime_gib}")
         kw["runtime_bytes"] = int(ns.runtime_gib * GiB)
     return vocab.config_kwargs(kw)  # the trainer's names (--strategy, --dp-replicate, --dp-shard) -> TrainConfig's
 

@@ -243,8 +243,11 @@ def from_hf_config(config: str | Path | dict, *, name: str | None = None) -> Mod
             raise ConfigError(f"no such config file: {path}")
         try:
             cfg = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{path} holds a JSON {type(cfg).__name__}, not an object (an HF config.json is one "
+                              "object of its fields)")
         name = name or path.parent.name or path.stem
     elif isinstance(config, dict):
         cfg = config

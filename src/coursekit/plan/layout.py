@@ -188,6 +188,8 @@ def parse_layout(text: str) -> dict:
                 out[k] = int(v)
             except ValueError:
                 raise ValueError(f"--layout {k} must be an integer, got {v!r}") from None
+            if out[k] < (0 if k == "zero" else 1):
+                raise ValueError(f"--layout {k} must be >= {0 if k == 'zero' else 1}, got {out[k]}")
         elif k == "sp":
             out[k] = v.lower() in ("1", "true", "yes", "on")
         else:

@@ -44,6 +44,11 @@ def summary_table(runs: list[dict]) -> str:
         f, steps = r["final"], r["steps"]
         lay = f.get("layout") or {}
         layout = " ".join(f"{k}{v}" for k, v in lay.items() if k != "world_size" and v > 1) or "-"
+        if not steps:  # nothing left to run (resumed at the last step): say so instead of averaging nothing
+            done = f.get("resumed_from_step")
+            rows.append(f"{f['strategy']:<10} {layout:<22} {f['world_size']:>5} {0:>5}  no steps run"
+                        + (f" (resumed at step {done}: the run was already complete)" if done is not None else ""))
+            continue
         timed = steps[1:] or steps  # the first step includes warm-up
         tps = sum(s["tokens_per_s"] for s in timed) / len(timed)
         ms = 1000 * sum(s["step_time_s"] for s in timed) / len(timed)
@@ -73,6 +78,7 @@ def plan(argv) -> tuple:
     ns = vars(options.build_parser(launcher=True).parse_args(argv))
     names = {f.name for f in dataclasses.fields(options.LaunchOptions)}
     lo = options.LaunchOptions(**{k: ns.pop(k) for k in list(ns) if k in names})
+    options.check_ranges(lo)
     opts = options.build(ns)
     one = registry.entry(opts.parallel.strategy).world == "one"
     nproc = lo.nproc if lo.nproc is not None else default_world(opts) or (1 if one else default_nproc())
