@@ -111,10 +111,11 @@ def _wait_for(pred, timeout, what):
     return got
 
 
-def test_orphan_check_sees_a_job_started_through_the_cli():
-    # A CLI run killed with SIGKILL cannot clean up: its torchrun agent and workers (own sessions) become real
-    # orphans, re-parented away from the CLI. The check must see them, although the test never called launch().
-    from conftest import assert_no_orphans, launched_processes
+def test_sigkill_of_the_cli_leaves_nothing_running():
+    """SIGKILL of ``coursekit train`` itself (no handler can run): its torchrun agent was started with a parent-death
+    signal (coursekit.launch._die_with_parent), so it gets SIGTERM and stops its workers; nothing of the job is left
+    within a few seconds."""
+    from conftest import launched_processes
 
     from coursekit.launch import kill_tree
 
@@ -129,15 +130,38 @@ def test_orphan_check_sees_a_job_started_through_the_cli():
         assert cli.pid not in job  # the CLI itself is not part of the launch
         cli.kill()
         cli.wait(timeout=30)
-        orphans = {p for p in job if psutil.pid_exists(p)}
-        assert len(orphans) >= 3, "the orphans died with the CLI: nothing was planted"
-        with pytest.raises(AssertionError, match="left behind by coursekit.launch") as e:
-            assert_no_orphans()
-        assert all(str(p) in str(e.value) for p in orphans)
+        t0 = time.monotonic()
+        while launched_processes() - before and time.monotonic() - t0 < 15:
+            time.sleep(0.2)
+        assert not launched_processes() - before, "the job outlived the CLI that started it"
     finally:
         cli.kill()
         for p in launched_processes() - before:
             kill_tree(p, grace_s=2)
+
+
+def test_orphan_check_sees_a_stamped_process_that_no_launch_stopped():
+    """The guard itself: a process carrying this test's launch stamp, re-parented away from us (started detached,
+    as an orphan is), is found and named; once it is gone the check passes again."""
+    from conftest import assert_no_orphans, launched_processes
+
+    from coursekit.launch import STAMP_ENV, kill_tree
+
+    before = launched_processes()
+    env = {**os.environ, STAMP_ENV: str(os.getpid())}
+    starter = subprocess.run([sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, "
+                              "'-c', 'import time; time.sleep(120)'], start_new_session=True, stdout=subprocess.DEVNULL, "
+                              "stderr=subprocess.DEVNULL); print(p.pid)"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    orphan = int(starter.stdout.strip())
+    try:
+        assert psutil.Process(orphan).ppid() != os.getpid()  # its parent is gone: a real orphan
+        assert _wait_for(lambda: orphan in launched_processes(), 30, "the stamped process")
+        with pytest.raises(AssertionError, match="left behind by coursekit.launch") as e:
+            assert_no_orphans()
+        assert str(orphan) in str(e.value)
+    finally:
+        kill_tree(orphan, grace_s=2)
     assert launched_processes() == before  # cleaned up: the check passes again
 
 

@@ -122,6 +122,25 @@ def default_nproc() -> int:
     return 2
 
 
+def _die_with_parent(parent: int):
+    """A ``preexec_fn``: the child gets SIGTERM when the process that launched it dies, however it dies (SIGKILL
+    included; Linux's PR_SET_PDEATHSIG). torchrun then stops its workers as on any SIGTERM, so no process of a
+    launch outlives the command (or notebook kernel) that started it. Elsewhere: nothing (the timeout and the
+    handlers for SIGTERM / Ctrl-C still stop the job)."""
+    def arm():
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+    return arm
+
+
 def kill_tree(proc: psutil.Process | int, grace_s: float = 5.0) -> None:
     """Terminate a process and all its descendants (found before the first signal), then kill the stragglers."""
     try:
@@ -222,7 +241,8 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
         os.chmod(results_dir, 0o1777)
         cmd = sandbox.wrap(cmd, rw=[work], ro=[Path(target).parent] if is_script else [], env=full_env)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=full_env, cwd=cwd, text=True, errors="replace", start_new_session=True)
+                            env=full_env, cwd=cwd, text=True, errors="replace", start_new_session=True,
+                            preexec_fn=_die_with_parent(os.getpid()))
     lines, timed_out = _supervise(proc, timeout=timeout, stream=stream, on_line=on_line, diagnose=diagnose)
     elapsed = time.monotonic() - t0
     try:
