@@ -38,7 +38,7 @@ def hf_config(model: str | dict, *, attention: str = "sdpa", dropout: float | No
     d.update(overrides)
     kind = d.pop("model_type", None)
     if dropout is not None:
-        keys = ("attention_dropout",) if kind == "llama" else ("resid_pdrop", "embd_pdrop", "attn_pdrop")
+        keys = ("attention_dropout",) if kind != "gpt2" else ("resid_pdrop", "embd_pdrop", "attn_pdrop")
         d.update({k: float(dropout) for k in keys})
     cls = {"llama": LlamaConfig, "gpt2": GPT2Config}.get(kind)
     cfg = cls(**d) if cls else AutoConfig.for_model(kind, **d)

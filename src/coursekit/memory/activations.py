@@ -166,6 +166,10 @@ def _check(shape, seq: int, *, dtype, attention, impl, kernels, recompute, dropo
            position_ids):
     """Refuse what is not modelled (ConfigError); returns (sp as it applies, the attention kernel, the dropout rates
     (attention, residual, embedding))."""
+    if shape.is_moe or shape.qk_norm:
+        what = "the router's and the experts' tensors" if shape.is_moe else "the q/k norms' tensors"
+        raise ConfigError(f"saved activations of a {shape.family} model ({what}) are not modelled yet; its model "
+                          "states are (coursekit.memory.states)")
     choice("dtype", dtype, DTYPE_BYTES)
     choice("attention", attention, ATTENTION)
     choice("impl", impl, IMPLS)

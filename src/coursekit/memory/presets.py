@@ -72,8 +72,9 @@ def to_hf_config_dict(shape: ModelShape) -> dict:
     if shape.arch == "llama":
         if (shape.norm, shape.mlp, shape.positions) != ("rmsnorm", "swiglu", "rope"):
             raise ConfigError("a llama-style HF model has RMSNorm, a SwiGLU MLP and RoPE")
+        _check_family(shape)
         d = {
-            "model_type": "llama", "vocab_size": shape.vocab, "hidden_size": shape.hidden,
+            "model_type": shape.family, "vocab_size": shape.vocab, "hidden_size": shape.hidden,
             "intermediate_size": shape.ffn, "num_hidden_layers": shape.layers,
             "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
             "hidden_act": shape.activation, "max_position_embeddings": shape.max_positions,
@@ -84,6 +85,11 @@ def to_hf_config_dict(shape: ModelShape) -> dict:
         }
         if shape.rope_scaling:
             d["rope_scaling"] = dict(shape.rope_scaling)
+        for k, v in _family_keys(shape).items():
+            if v is _DROP:
+                d.pop(k, None)
+            else:
+                d[k] = v
         if shape.vocab < 3:  # LlamaConfig's default bos/eos ids (1, 2) would lie outside the vocabulary
             d.update(bos_token_id=None, eos_token_id=None)
         return d
@@ -100,3 +106,71 @@ def to_hf_config_dict(shape: ModelShape) -> dict:
         "embd_pdrop": shape.embd_dropout, "attn_pdrop": shape.attn_dropout, "bos_token_id": eos,
         "eos_token_id": eos,
     }
+
+
+def _check_family(shape: ModelShape) -> None:
+    """Refuse a llama-style shape its HF family cannot build (the module layout is fixed per family)."""
+    f, why = shape.family, None
+    if f in ("llama", "mistral") and (shape.qk_norm or shape.o_bias != shape.qkv_bias):
+        why = "no q/k norm, and a bias on o_proj exactly when q/k/v have one"
+    elif f == "qwen2" and (shape.qk_norm or shape.head_dim * shape.heads != shape.hidden or shape.mlp_bias):
+        why = "no q/k norm, head_dim = hidden / heads, no MLP bias"
+    elif f in ("qwen3", "qwen3_moe") and (not shape.qk_norm or shape.o_bias != shape.qkv_bias or shape.mlp_bias):
+        why = "an RMSNorm on each query and key head, one attention_bias for q/k/v/o, no MLP bias"
+    elif f == "mixtral" and (shape.qk_norm or shape.qkv_bias or shape.o_bias or shape.mlp_bias):
+        why = "no biases and no q/k norm"
+    if why:
+        raise ConfigError(f"a {f} HF model has {why}")
+
+
+_DROP = object()
+
+
+def _family_keys(shape: ModelShape) -> dict:
+    """The config.json keys a family adds to (or drops from) Llama's."""
+    f = shape.family
+    if f == "qwen2":
+        return {"attention_bias": _DROP, "mlp_bias": _DROP, "head_dim": _DROP}  # fixed biases; head_dim derived
+    if f == "mixtral":
+        return {"num_local_experts": shape.experts, "num_experts_per_tok": shape.top_k,
+                "router_aux_loss_coef": shape.aux_loss_coef, "router_jitter_noise": 0.0, "attention_bias": _DROP,
+                "mlp_bias": _DROP, "intermediate_size": shape.moe_ffn}
+    if f == "qwen3_moe":
+        return {"num_experts": shape.experts, "num_experts_per_tok": shape.top_k, "moe_intermediate_size":
+                shape.moe_ffn, "norm_topk_prob": shape.norm_topk, "router_aux_loss_coef": shape.aux_loss_coef,
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "mlp_bias": _DROP}
+    if f == "qwen3":
+        return {"mlp_bias": _DROP}
+    return {}
+
+
+def _qwen3(name, L, h, a, k, f, V, P, *, tied=False, theta=1000000.0, experts=0, top_k=None, expert_ffn=None,
+           d=128):
+    return ModelShape(arch="llama", family="qwen3_moe" if experts else "qwen3", name=name, layers=L, hidden=h,
+                      heads=a, kv_heads=k, ffn=f, vocab=V, max_positions=P, rope_theta=theta, tied_embeddings=tied,
+                      norm_eps=1e-6, head_dim=d, experts=experts, top_k=top_k, expert_ffn=expert_ffn,
+                      norm_topk=bool(experts) or None)
+
+
+def _mixtral(name, L, h, a, k, f, V, P, *, experts=8, top_k=2, theta=1000000.0):
+    return ModelShape(arch="llama", family="mixtral", name=name, layers=L, hidden=h, heads=a, kv_heads=k, ffn=f,
+                      vocab=V, max_positions=P, rope_theta=theta, norm_eps=1e-5, experts=experts, top_k=top_k)
+
+
+# The families people train now (sources: the published config.json of Qwen/Qwen3-8B, Qwen3-32B, Qwen3-30B-A3B,
+# Qwen3-235B-A22B, Qwen/Qwen2.5-7B, mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1), and tiny ones for the labs
+# (2 layers, hidden 64, vocab 256: GQA, q/k norm, 4 experts of width 32 run top-2 (Qwen3-MoE) or 8 experts top-2
+# (Mixtral-style, wider experts)).
+PRESETS.update({s.name: s for s in (
+    _qwen3("tiny-qwen3", 2, 64, 4, 2, 176, 256, 512, d=16),
+    _qwen3("tiny-qwen3-moe", 2, 64, 4, 2, 176, 256, 512, d=16, experts=4, top_k=2, expert_ffn=32),
+    _mixtral("tiny-mixtral", 2, 64, 4, 2, 48, 256, 512, experts=8, top_k=2),
+    _qwen3("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960),
+    _qwen3("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960),
+    _qwen3("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 40960, experts=128, top_k=8, expert_ffn=768),
+    _qwen3("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, 40960, experts=128, top_k=8, expert_ffn=1536),
+    ModelShape(arch="llama", family="qwen2", name="qwen2.5-7b", layers=28, hidden=3584, heads=28, kv_heads=4,
+               ffn=18944, vocab=152064, max_positions=131072, rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True),
+    _mixtral("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768),
+    _mixtral("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536),
+)})
