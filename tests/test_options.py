@@ -12,7 +12,8 @@ from coursekit import options
 FROZEN = {
     "launcher": ["--nproc", "--timeout", "--json", "--max-restarts"],
     "train": ["--model", "--steps", "--seq", "--micro-batch", "--global-batch", "--grad-accum", "--microbatches",
-              "--dtype", "--attention", "--lr", "--weight-decay", "--seed", "--data", "--recompute", "--compile"],
+              "--dtype", "--attention", "--lr", "--weight-decay", "--seed", "--data", "--recompute", "--compile",
+              "--router-aux-loss-coef"],
     "parallel": ["--strategy", "--dp-replicate", "--dp-shard", "--tp", "--pp", "--cp"],
     "ckpt": ["--ckpt-dir", "--save-every", "--async-ckpt"],
     "profile": ["--profile-dir", "--profile-steps", "--count-step"],
@@ -26,6 +27,7 @@ FROZEN = {
     "fsdp2, hsdp, fsdp1 (only with fsdp2, hsdp, fsdp1)": ["--reshard-after-forward", "--wrap", "--offload",
                                                           "--prefetch", "--compile-model"],
     "cp (only with cp)": ["--cp-impl"],
+    "ep (only with ep)": ["--ep", "--capacity-factor"],
 }
 
 

@@ -51,7 +51,7 @@ def placement(dims, gpus_per_node: int) -> dict:
 
 def layout(dims, gpus_per_node: int | None = None) -> dict:
     axes = dims.enabled or ["dp_replicate"]
-    ranks = [{"rank": r, **({"node": r // gpus_per_node} if gpus_per_node else {}), "coords": dims.coords(r),
+    ranks = [{"rank": r, **({"node": r // gpus_per_node} if gpus_per_node else {}), "coords": {**dims.coords(r), **{n: dims.coord(r, n) for n in axes if n not in dims.degrees}},
               "groups": {a: dims.group(r, a) for a in axes}} for r in range(dims.world_size)]
     return {"layout": dims.to_dict(), "ranks": ranks,
             **({"placement": placement(dims, gpus_per_node)} if gpus_per_node else {})}

@@ -57,6 +57,9 @@ class TrainingOptions:
     """Activation checkpointing of every transformer block."""
     compile: bool = False
     """torch.compile every transformer block (inductor)."""
+    router_aux_loss_coef: float | None = field(default=None, metadata={"min": 0})
+    """Mixture-of-experts models: weight of the router's load-balancing loss added to the loss (default: the model
+    config's router_aux_loss_coef); 0 trains on the language-model loss alone."""
 
 
 @dataclass(kw_only=True)

@@ -241,6 +241,40 @@ def ring_attention(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, 
     return merge(plan)
 
 
+def expert_rows(counts, ep: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Rows each EP rank sends to and receives from every other, from the router's counts.
+
+    ``counts[r][e]``: how many of rank r's (token, choice) pairs picked expert e (after any capacity drop); rank q
+    holds experts q·E/ep ... (q+1)·E/ep - 1. Returns (send, recv) with ``send[r][q]`` = rows r sends q =
+    ``recv[q][r]``."""
+    n = len(counts)
+    E = len(counts[0]) if n else 0
+    if n != ep or ep < 1 or any(len(c) != E for c in counts) or E % ep:
+        raise ValueError(f"need one count per expert for each of the {ep} EP ranks and experts divisible by ep; got "
+                         f"{n} ranks of {sorted({len(c) for c in counts})} experts")
+    L = E // ep
+    send = [[sum(c[q * L:(q + 1) * L]) for q in range(ep)] for c in counts]
+    return send, [[send[r][q] for r in range(ep)] for q in range(ep)]
+
+
+def moe_all_to_all(send_rows, recv_rows, hidden: int, experts: int, ep: int, *, act_bytes: int = 4,
+                   count_bytes: int = 8, backward: bool = True) -> list[Collective]:
+    """One MoE layer's all-to-alls on one EP rank for one micro-batch, as ``coursekit.ep.dispatch`` runs them.
+
+    Forward: the counts per expert (``experts`` int64s, equal splits), the dispatch (this rank's rows: Σ send_rows
+    x hidden x act_bytes) and the combine (the rows it computed for others come back: Σ recv_rows x hidden x
+    act_bytes). Backward: the two inverse all-to-alls of the gradients (the combine's input is then Σ send_rows
+    rows, the dispatch's Σ recv_rows). Payload convention: a call's input tensor, the rows a rank keeps for itself
+    included (they never leave it: wire bytes subtract them, ``send_rows[me]``).
+    """
+    if ep < 2:
+        return []
+    S, R = sum(send_rows) * hidden * act_bytes, sum(recv_rows) * hidden * act_bytes
+    k = 2 if backward else 1
+    return merge([Collective("all_to_all", experts * count_bytes, 1, ep),
+                  Collective("all_to_all", S, k, ep), Collective("all_to_all", R, k, ep)])
+
+
 def textbook_table(num_params: int, world: int, *, bytes_per_elem: int = 2) -> dict[str, float]:
     """Bytes each rank sends per step for DDP / ZeRO-1 / ZeRO-2 / ZeRO-3, one micro-batch: the lecture table."""
     b = bytes_per_elem

@@ -23,7 +23,7 @@ class ContextParallel:
 
         shape = resolve_model(opts.train.model)
         impl = opts.of(CPOptions).cp_impl
-        plan_for(shape.arch, "--cp", opts.train.model)
+        plan_for(shape.family, "--cp", opts.train.model)
         try:
             check_model(dims, num_layers=shape.layers, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
                         seq=opts.train.seq, cp_impl=impl)

@@ -16,6 +16,7 @@ import contextlib
 from torch.nn.parallel import DistributedDataParallel
 
 from coursekit.ddp import DDPOptions
+from coursekit.parallel import split
 from coursekit.parallel.api import Strategy, no_gradient_sync
 
 
@@ -46,6 +47,10 @@ class DDP(Strategy):
             self.composable = True
             return replicate(model, mesh=mesh)
         self.composable = False
+        hand = split.split_params(model)  # expert slices: not the same on every rank, so not in DDP's buckets
+        if hand:
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(hand))
+            split.reduce_in_hooks(model)
         ids = [self.device.index] if self.device.type == "cuda" else None
         bucket_mb = self.opts.of(DDPOptions).bucket_mb or 25
         # gradient_as_bucket_view: .grad tensors are views into DDP's flat buckets, so gradients cost Ψ bytes once

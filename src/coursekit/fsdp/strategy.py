@@ -24,6 +24,7 @@ import contextlib
 import torch
 
 from coursekit.fsdp import FSDPOptions
+from coursekit.parallel import split
 from coursekit.parallel.api import Strategy
 from coursekit.parallel.compose import model_parts
 
@@ -76,6 +77,10 @@ class FSDP2(Strategy):
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.mp_dtype, reduce_dtype=torch.float32)
         kw["offload_policy"] = (CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.fo.offload == "cpu"
                                 else OffloadPolicy())
+        # a parallelism's hand-split modules (expert slices) first, each sharded (and its gradient averaged) over
+        # the ranks holding the same slice (coursekit.parallel.split)
+        for m in split.split_modules(model):
+            fully_shard(m, **dict(kw, mesh=m._coursekit_split.replicas))
         # the blocks of every LM this rank holds (pipeline stages too); pipeline placeholders hold no parameters
         units = [b for lm in model_parts(model) for b in blocks(lm) if any(True for _ in b.parameters())]
         if self.fo.wrap == "pair":

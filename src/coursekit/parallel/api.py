@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from coursekit.measure import state_bytes
+from coursekit.parallel import split
 from coursekit.parallel.loss import cross_entropy
+from coursekit.parallel.validate import router_aux_coef
 from coursekit.spec import registry
 from coursekit.spec.run import ADAMW  # the course's AdamW, everywhere (trainer, ZeRO, Accelerate, measure)
 
@@ -103,6 +105,7 @@ class Strategy:
         self.autocast_dtype = torch.bfloat16 if self.opts.train.dtype == "bf16" else None
         self.last_state_bytes: dict | None = None
         self.pipeline = None  # set by coursekit.pp when the model is split into stages
+        self.aux_coef = router_aux_coef(self.opts)  # MoE: the load-balancing loss's weight (None: dense)
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module) -> None:
@@ -126,9 +129,11 @@ class Strategy:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
     def forward_loss(self, batch) -> torch.Tensor:
+        moe = {"output_router_logits": True} if self.aux_coef else {}
         with self.autocast():
-            logits = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids).logits
-        return cross_entropy(logits, batch.labels)
+            out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, **moe)
+        loss = cross_entropy(out.logits, batch.labels)
+        return loss + self.aux_coef * out.aux_loss.float() if self.aux_coef else loss
 
     def backward(self, loss: torch.Tensor, micro: int, n_micro: int) -> None:
         (loss / n_micro).backward()
@@ -163,10 +168,14 @@ class Strategy:
         import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
-        s = torch.zeros((), dtype=torch.float64)
+        s, hand = torch.zeros((), dtype=torch.float64), {id(p) for p, _ in split.split_params(self.model).values()}
         for p in self.model.parameters():
+            if id(p) in hand:
+                continue  # split by a parallelism (experts): summed over its ranks below
             t = p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()
             s += t.double().pow(2).sum().cpu()
+        if hand:
+            s += split.sq_sum(self.model)
         if self.ctx.dims.pp > 1:
             s = s.to(self.device)
             dist.all_reduce(s, group=self.ctx.mesh["pp"].get_group())

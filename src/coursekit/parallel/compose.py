@@ -27,7 +27,7 @@ def model_parts(model) -> list:
 def parallelize(model, strategy, ctx):
     dims, t = ctx.dims, ctx.opts.train
     for name in registry.ORDER:
-        if dims.degrees[name] > 1:
+        if dims.degree(name) > 1:
             model = registry.parallelism(name)(ctx).apply(model, strategy)
     for lm in model_parts(model):
         if t.recompute == "full":

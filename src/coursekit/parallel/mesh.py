@@ -3,6 +3,7 @@
     mesh = build_mesh(dims, "cpu")
     mesh["tp"], mesh["pp"]                       # one axis
     mesh["batch"], mesh["loss"], mesh["fsdp"]    # flattened groups (coursekit.spec.dims.DERIVED)
+    mesh["ep"], mesh["ep_rest"]                  # a borrowed parallelism's groups, when it is on
 
 Every axis is in the mesh, size 1 included, so code asks for ``mesh["tp"]`` without checking whether TP is on.
 The flattened groups are made once here (every rank must create the same groups in the same order) and kept
@@ -10,7 +11,7 @@ here, as torch asks (slicing a flattened axis from the root mesh is deprecated).
 """
 from __future__ import annotations
 
-from coursekit.spec.dims import AXES, DERIVED, ParallelDims
+from coursekit.spec.dims import AXES, BORROWED, DERIVED, ParallelDims
 
 
 class Mesh:
@@ -31,4 +32,10 @@ def build_mesh(dims: ParallelDims, device_type: str) -> Mesh:
     from torch.distributed.device_mesh import init_device_mesh
 
     root = init_device_mesh(device_type, tuple(dims.degrees[a] for a in AXES), mesh_dim_names=AXES)
-    return Mesh(root, {name: root[axes]._flatten(name) for name, axes in DERIVED.items()})
+    derived = {name: root[axes]._flatten(name) for name, axes in DERIVED.items()}
+    for name, host in BORROWED.items():  # ep: the host group split as (rest, ep), ep innermost (ParallelDims.coord)
+        n = dims.degree(name)
+        if n > 1:
+            two = derived[host]._unflatten(0, (dims.size(host) // n, n), (f"{name}_rest", name))
+            derived |= {name: two[name], f"{name}_rest": two[f"{name}_rest"]}
+    return Mesh(root, derived)

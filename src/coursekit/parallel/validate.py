@@ -2,6 +2,7 @@
 worker runs it again on start. Bad input raises ValueError with one clear message (exit code 2 at the CLI)."""
 from __future__ import annotations
 
+from coursekit.memory.calculator import resolve_model
 from coursekit.parallel import LayoutError, ParallelDims, check_model  # noqa: F401 (ParallelDims: the type)
 from coursekit.spec import registry
 
@@ -24,7 +25,7 @@ def default_world(opts) -> int | None:
     if not {"dp_replicate", "dp_shard", *registry.PARALLELISMS} & set(opts.given):
         return None
     world = (p.dp_replicate or 1) * (p.dp_shard or 1)
-    for name in registry.PARALLELISMS:
+    for name in registry.MESH_PARALLELISMS:  # a borrowed degree (ep) splits ranks the others made
         world *= registry.degree(opts, name)
     return world
 
@@ -57,7 +58,6 @@ def resolve_batch(t, dp_world: int) -> None:
 
 def validate(opts, world_size: int) -> ParallelDims:
     """All checks of a run on ``world_size`` processes; returns its layout (and fills the batch sizes)."""
-    from coursekit.memory.calculator import resolve_model
     from coursekit.memory.errors import ConfigError
     from coursekit.memory.presets import PRESETS
 
@@ -78,6 +78,7 @@ def validate(opts, world_size: int) -> ParallelDims:
     except (LayoutError, ConfigError) as e:
         raise ValueError(str(e)) from None
     resolve_batch(t, dims.size("batch"))
+    router_aux_coef(opts)
     registry.get(opts.parallel.strategy).check(opts, dims)
     for name in dims.enabled:
         if name in registry.PARALLELISMS:
@@ -103,3 +104,14 @@ def parse_steps(text: str) -> tuple[int, int]:
     if not 0 <= a < b:
         raise ValueError(f"--profile-steps {text}: need 0 <= a < b")
     return a, b
+
+
+def router_aux_coef(opts) -> float | None:
+    """The weight of a mixture-of-experts model's load-balancing loss in this run (None: a dense model)."""
+    shape, given = resolve_model(opts.train.model), opts.train.router_aux_loss_coef
+    if not shape.is_moe:
+        if given is not None:
+            raise ValueError(f"--router-aux-loss-coef applies to mixture-of-experts models; {opts.train.model} is "
+                             "dense")
+        return None
+    return shape.aux_loss_coef if given is None else given

@@ -97,6 +97,9 @@ def main(argv=None) -> int:
                       dtype=args.dtype, hw=hw, net=net)
         if args.top < 0:
             raise ValueError(f"--top must be >= 0, got {args.top}")
+        for flag in ("gpus", "gpus_per_node", "seq", "global_batch"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
         if args.layout:
             cands = [evaluate(args.model, parse_layout(args.layout), **common)]
         else:

@@ -115,7 +115,7 @@ class Pipeline:
     def check(cls, opts, dims) -> None:
         from coursekit.memory.calculator import resolve_model
         shape = resolve_model(opts.train.model)
-        plan_for(shape.arch, "--pp", opts.train.model)
+        plan_for(shape.family, "--pp", opts.train.model)
         if shape.tied_embeddings:
             raise ValueError(f"--pp with a tied embedding/head ({opts.train.model}) needs their gradients summed "
                              "across the first and last stage, which this pipeline does not do")
@@ -155,7 +155,7 @@ class Pipeline:
     def apply(self, model, strategy):
         from coursekit.memory.calculator import resolve_model
         model_name = self.ctx.opts.train.model
-        f = plan_for(resolve_model(model_name).arch, "--pp", model_name)
+        f = plan_for(resolve_model(model_name).family, "--pp", model_name)
         n, L = self.num_stages, len(getattr(getattr(model, f.body), f.blocks))
         copies = [model] + [copy.deepcopy(model) for _ in self.stage_ids[1:]]
         mods = [cut(m, split(L, n, s), s == 0, s == n - 1, f) for m, s in zip(copies, self.stage_ids)]

@@ -28,7 +28,7 @@ from coursekit.spec import registry
 
 
 def _axes() -> tuple[str, ...]:
-    places = {**registry.DATA_AXES, **{n: e.mesh for n, e in registry.PARALLELISMS.items()}}
+    places = {**registry.DATA_AXES, **{n: registry.PARALLELISMS[n].mesh for n in registry.MESH_PARALLELISMS}}
     return tuple(sorted(places, key=places.get))
 
 
@@ -42,6 +42,7 @@ def _derived() -> dict[str, tuple[str, ...]]:
 
 AXES = _axes()  # outermost first, from the registry's mesh places: pp, dp_replicate, dp_shard, cp, tp
 PARALLEL_AXES = tuple(a for a in AXES if a in registry.PARALLELISMS)
+BORROWED = {n: e.borrows for n, e in registry.PARALLELISMS.items() if e.borrows}  # ep -> loss: no axis of its own
 DERIVED = _derived()
 FLAVOURS = ("replicate", "shard", "hybrid")
 
@@ -59,9 +60,12 @@ class ParallelDims:
 
     def __init__(self, *, world_size: int, dp_replicate: int | None = None, dp_shard: int | None = None,
                  dp_flavour: str = "replicate", **degrees):
-        unknown = sorted(set(degrees) - set(PARALLEL_AXES))
+        unknown = sorted(set(degrees) - set(PARALLEL_AXES) - set(BORROWED))
         if unknown:
             raise LayoutError(f"unknown parallel degree(s) {', '.join(unknown)}; the axes are {', '.join(AXES)}")
+        borrowed = {n: degrees.get(n, 1) for n in BORROWED}
+        for k, v in borrowed.items():
+            _positive(k, v)
         given = {a: degrees.get(a, 1) for a in PARALLEL_AXES}
         for k, v in (("world_size", world_size), *given.items()):
             _positive(k, v)
@@ -79,32 +83,59 @@ class ParallelDims:
             raise LayoutError(f"dp_shard {shard} needs a sharding data-parallel strategy (fsdp2, hsdp); "
                               "this one replicates (use --dp-replicate)")
         for k, v in dict(world_size=world_size, dp_replicate=dp_replicate, dp_shard=dp_shard, dp_flavour=dp_flavour,
-                         degrees=d).items():
+                         degrees=d, borrowed=borrowed).items():
             object.__setattr__(self, k, v)
+        for n, v in borrowed.items():
+            host = self.size(BORROWED[n])
+            if host % v:
+                raise LayoutError(f"{n} {v} does not divide the {host} ranks it borrows ({BORROWED[n]} = "
+                                  f"{' x '.join(f'{a} {d[a]}' for a in DERIVED[BORROWED[n]])}); choose {n} dividing "
+                                  f"{host}")
 
-    def __getattr__(self, name):  # tp, pp, cp, ...: the registered parallelisms' degrees
+    def __getattr__(self, name):  # tp, pp, cp, ep, ...: the registered parallelisms' degrees
         d = self.__dict__.get("degrees")
         if d is not None and name in PARALLEL_AXES:
             return d[name]
+        if d is not None and name in BORROWED:
+            return self.__dict__["borrowed"][name]
         raise AttributeError(name)
+
+    def degree(self, name: str) -> int:
+        """The degree of a registered parallelism (mesh axis or borrowed)."""
+        return self.borrowed[name] if name in BORROWED else self.degrees[name]
 
     def __setattr__(self, name, value):
         raise AttributeError("ParallelDims is frozen")
 
     def __eq__(self, other):
-        return isinstance(other, ParallelDims) and (self.world_size, self.dp_flavour, self.degrees) == (
-            other.world_size, other.dp_flavour, other.degrees)
+        return isinstance(other, ParallelDims) and (self.world_size, self.dp_flavour, self.degrees, self.borrowed) == (
+            other.world_size, other.dp_flavour, other.degrees, other.borrowed)
 
     def __hash__(self):
-        return hash((self.world_size, self.dp_flavour, tuple(self.degrees.items())))
+        return hash((self.world_size, self.dp_flavour, tuple(self.degrees.items()), tuple(self.borrowed.items())))
+
+    def _shown(self) -> dict:
+        return {**self.degrees, **{n: v for n, v in self.borrowed.items() if v > 1}}
 
     def __repr__(self):
-        return f"ParallelDims({', '.join(f'{a}={v}' for a, v in self.degrees.items())}, flavour={self.dp_flavour})"
+        return f"ParallelDims({', '.join(f'{a}={v}' for a, v in self._shown().items())}, flavour={self.dp_flavour})"
 
     # -- degrees ----------------------------------------------------------------------------------------------
     def size(self, name: str) -> int:
-        """Ranks along an axis or a derived group (batch, loss, fsdp, dp)."""
+        """Ranks along an axis, a derived group (batch, loss, fsdp, dp) or a borrowed one (ep, ep_rest)."""
+        b = self._borrowed(name)
+        if b:
+            n, rest = b
+            return self.size(BORROWED[n]) // self.borrowed[n] if rest else self.borrowed[n]
         return prod(self.degrees[a] for a in self._axes(name))
+
+    def _borrowed(self, name: str):
+        """(parallelism, is_rest) for ``ep`` / ``ep_rest``; None for anything else."""
+        if name in BORROWED:
+            return name, False
+        if name.endswith("_rest") and name[:-5] in BORROWED:
+            return name[:-5], True
+        return None
 
     @property
     def dp(self) -> int:
@@ -112,8 +143,8 @@ class ParallelDims:
 
     @property
     def enabled(self) -> list[str]:
-        """Axes with more than one rank, outermost first."""
-        return [a for a in AXES if self.degrees[a] > 1]
+        """Axes with more than one rank, outermost first, then the borrowed parallelisms switched on."""
+        return [a for a in AXES if self.degrees[a] > 1] + [n for n, v in self.borrowed.items() if v > 1]
 
     # -- where a rank sits --------------------------------------------------------------------------------------
     def coords(self, rank: int) -> dict:
@@ -132,7 +163,12 @@ class ParallelDims:
         return r
 
     def coord(self, rank: int, name: str) -> int:
-        """The index of ``rank`` inside its group ``name`` (an axis or a derived group)."""
+        """The index of ``rank`` inside its group ``name`` (an axis, a derived group, or a borrowed one: the
+        borrowed parallelism's slices lie innermost in its host group, ``ep`` index = host index % ep)."""
+        b = self._borrowed(name)
+        if b:
+            n, rest = b
+            return divmod(self.coord(rank, BORROWED[n]), self.borrowed[n])[0 if rest else 1]
         c, idx = self.coords(rank), 0
         for a in self._axes(name):
             idx = idx * self.degrees[a] + c[a]
@@ -140,6 +176,11 @@ class ParallelDims:
 
     def group(self, rank: int, name: str) -> list[int]:
         """Every rank in ``rank``'s group along ``name``: same coordinates on all other axes."""
+        b = self._borrowed(name)
+        if b:
+            n, rest = b
+            host, other = BORROWED[n], f"{n}_rest" if not rest else n
+            return [r for r in self.group(rank, host) if self.coord(r, other) == self.coord(rank, other)]
         axes, base = self._axes(name), self.coords(rank)
         members = [dict(base)]
         for a in axes:
@@ -158,21 +199,21 @@ class ParallelDims:
 
     def describe(self, gpus_per_node: int | None = None) -> str:
         """A table: each global rank, its coordinate, and the groups it talks in (node number when given)."""
-        names = [a for a in AXES if self.degrees[a] > 1] or ["dp_replicate"]
+        names = self.enabled or ["dp_replicate"]
         head = "rank " + (" node" if gpus_per_node else "") + "".join(f" {a:>12}" for a in names) + "   groups"
         rows = [f"layout: {self}", head]
         for r in range(self.world_size):
-            c = self.coords(r)
             talks = "  ".join(f"{a}{self.group(r, a)}" for a in names)
             node = f" {r // gpus_per_node:>4}" if gpus_per_node else ""
-            rows.append(f"{r:>4}{node}" + "".join(f" {c[a]:>12}" for a in names) + f"   {talks}")
+            rows.append(f"{r:>4}{node}" + "".join(f" {self.coord(r, a):>12}" for a in names) + f"   {talks}")
         return "\n".join(rows)
 
     def __str__(self) -> str:
-        return " x ".join(f"{a}={self.degrees[a]}" for a in AXES) + f" (world {self.world_size})"
+        borrowed = "".join(f", {n}={v} over {BORROWED[n]}" for n, v in self.borrowed.items() if v > 1)
+        return " x ".join(f"{a}={self.degrees[a]}" for a in AXES) + f" (world {self.world_size}{borrowed})"
 
     def to_dict(self) -> dict:
-        return dict(self.degrees, world_size=self.world_size)
+        return dict(self._shown(), world_size=self.world_size)
 
     def _axes(self, name: str) -> tuple:
         if name in self.degrees:

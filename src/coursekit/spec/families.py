@@ -1,8 +1,8 @@
 """How each model family is cut by the parallelisms, by submodule name (torchtitan's per-model ``parallelize`` plan):
 the parallelisms read this instead of probing attribute names. Pure Python; the names are transformers'.
 
-A family without an entry is refused by TP, CP and PP before launch, naming the family. Adding a family (the MoE
-issue: Qwen3, Qwen3-MoE, Mixtral) is one entry here plus its shapes in ``coursekit.memory.shapes``.
+A family without an entry is refused by TP, CP, PP and EP before launch, naming the family. Adding a family is one
+entry here plus its shapes in ``coursekit.memory.shapes`` (and its config keys in ``coursekit.memory.presets``).
 """
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ class FamilyPlan:
     """Projections split by input features (RowwiseParallel): partial sums, then all-reduced (or reduce-scattered)."""
     norms: tuple[str, ...]
     """The block's norms, sequence-sharded under sequence parallelism."""
+    experts: str | None = None
+    """A mixture of experts: the fused experts module of a block (transformers 5's ``mlp.experts``, called with the
+    router's top-k ids and weights); expert parallelism replaces it by this rank's slice. None: a dense MLP."""
+    router: str | None = None
+    """The router of a block (logits over the experts, then top-k)."""
 
 
 LLAMA = FamilyPlan(body="model", blocks="layers", embed="embed_tokens", final_norm="norm", head="lm_head",
@@ -40,11 +45,20 @@ LLAMA = FamilyPlan(body="model", blocks="layers", embed="embed_tokens", final_no
                    kv=("self_attn.k_proj", "self_attn.v_proj"), rowwise=("self_attn.o_proj", "mlp.down_proj"),
                    norms=("input_layernorm", "post_attention_layernorm"))
 
-PLANS = {"llama": LLAMA}  # coursekit.memory.shapes' arch -> plan (Llama 2/3 and Mistral share the Llama layout)
+# Mixtral and Qwen3-MoE: Llama's attention (Qwen3's q/k norms live inside it), a sparse MLP block ``mlp`` holding
+# the router ``mlp.gate`` and the fused experts ``mlp.experts``. TP splits the attention only (the experts are EP's).
+MOE = FamilyPlan(body="model", blocks="layers", embed="embed_tokens", final_norm="norm", head="lm_head",
+                 attention="self_attn", mlp="mlp", colwise=("self_attn.q_proj",),
+                 kv=("self_attn.k_proj", "self_attn.v_proj"), rowwise=("self_attn.o_proj",),
+                 norms=("input_layernorm", "post_attention_layernorm"), experts="mlp.experts", router="mlp.gate")
+
+# coursekit.memory.shapes' family (the HF model_type) -> plan: Llama 2/3, Mistral, Qwen2 (biases) and Qwen3 (q/k norms
+# inside the attention) share the Llama layout
+PLANS = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mixtral": MOE, "qwen3_moe": MOE}
 
 
-def plan_for(arch: str, what: str, model: str) -> FamilyPlan:
-    """The plan of family ``arch``; a ValueError naming the family and the parallelism (``what``) otherwise."""
-    if arch not in PLANS:
-        raise ValueError(f"{what} has no plan for {model} ({arch}); families with one: {', '.join(PLANS)}")
-    return PLANS[arch]
+def plan_for(family: str, what: str, model: str) -> FamilyPlan:
+    """The plan of ``family``; a ValueError naming the family and the parallelism (``what``) otherwise."""
+    if family not in PLANS:
+        raise ValueError(f"{what} has no plan for {model} ({family}); families with one: {', '.join(PLANS)}")
+    return PLANS[family]

@@ -64,6 +64,11 @@ class Parallelism:
     strategies: tuple[str, ...] | None = None
     """The strategies it composes with; None: those whose class ``supports`` it."""
     help: str = ""
+    borrows: str | None = None
+    """A derived group whose ranks it splits instead of adding ranks of its own (expert parallelism borrows the
+    ``loss`` ranks, as torchtitan and Megatron-Core do): no mesh axis; its degree divides that group, and
+    ``ParallelDims`` answers its groups ``<name>`` (ranks sharing the slices, innermost) and ``<name>_rest`` (ranks
+    holding the same slice)."""
 
 
 # model transforms; `order` is compose.py's (torchtitan's): PP split, TP, CP, then activation checkpointing and
@@ -73,7 +78,11 @@ PARALLELISMS = {
     "pp": Parallelism("coursekit.pp.stage:Pipeline", mesh=0, order=0, help="pipeline-parallel (stages)"),
     "cp": Parallelism("coursekit.cp.parallel:ContextParallel", mesh=30, order=20, groups=("loss", "fsdp"),
                       help="context-parallel (the sequence is split over these ranks)"),
+    "ep": Parallelism("coursekit.ep.parallel:ExpertParallel", mesh=0, order=25, options="coursekit.ep:EPOptions",
+                      borrows="loss", strategies=("ddp", "fsdp2"),
+                      help="expert-parallel (a mixture-of-experts model's experts split over data-parallel ranks)"),
 }
+MESH_PARALLELISMS = tuple(n for n, e in PARALLELISMS.items() if e.borrows is None)  # those with a mesh axis
 DATA_AXES = {"dp_replicate": 10, "dp_shard": 20}  # the data-parallel axes (mesh places); a strategy's flavour fills
 ORDER = tuple(sorted(PARALLELISMS, key=lambda n: PARALLELISMS[n].order))
 CORE_OPTIONS = "coursekit.options:ParallelOptions"

@@ -91,7 +91,8 @@ class RunSpec:
         """The trainer's mesh for this run (a LayoutError names what does not divide)."""
         world = self.world
         if world is None:
-            world = (self.dp_replicate or 1) * (self.dp_shard or 1) * prod(self.degrees.values())
+            world = (self.dp_replicate or 1) * (self.dp_shard or 1) * prod(
+                v for k, v in self.degrees.items() if k in registry.MESH_PARALLELISMS)
         if self.entry.world == "one" and world != 1:
             raise ConfigError(f"strategy {self.strategy!r} runs on 1 process, not {world}; use strategy ddp (or "
                               "another parallel strategy) for more")

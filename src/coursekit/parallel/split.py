@@ -1,0 +1,78 @@
+"""Parameters a parallelism splits by hand over its own ranks (expert parallelism's experts), and how each
+data-parallel strategy reduces their gradients.
+
+Every other parameter is the same on all data-parallel ranks, so DDP averages it and FSDP2 shards it over them. A
+split parameter is not: EP rank r holds experts r·E/n ..., different from its neighbours'. Its gradient already
+sums, through the all-to-all's backward, the losses of every rank of its group (``group``: EP's ``ep``, n ranks);
+the parallelism scales that sum by 1/n in its module, so that averaging it over the ranks holding the same slice
+(``replicas``: ``ep_rest``) divides by every loss rank, as DDP does for the rest. DDP leaves these parameters out of
+its buckets and averages them in a gradient hook (``reduce_in_hooks``); FSDP2 shards each module holding them over
+``replicas`` (``coursekit.fsdp.strategy``), whose reduce-scatter averages them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Split:
+    group: object  # process group whose ranks hold different slices (EP's ``ep``)
+    replicas: object  # DeviceMesh of the ranks holding this rank's slice (``ep_rest``)
+
+
+def mark(module: torch.nn.Module, split: Split) -> None:
+    """Declare every parameter of ``module`` split (the module is the unit FSDP2 shards over ``split.replicas``)."""
+    module._coursekit_split = split
+
+
+def split_modules(model: torch.nn.Module) -> list:
+    return [m for m in model.modules() if getattr(m, "_coursekit_split", None) is not None]
+
+
+def split_params(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Parameter, Split]]:
+    """name -> (parameter, its split), for every split parameter of ``model`` (found through their modules, which
+    keep the mark when a wrapper such as FSDP2 replaces the parameters)."""
+    out = {}
+    for prefix, m in model.named_modules():
+        s = getattr(m, "_coursekit_split", None)
+        if s is not None:
+            for n, p in m.named_parameters():
+                out[f"{prefix}.{n}" if prefix else n] = (p, s)
+    return out
+
+
+def reduce_in_hooks(model: torch.nn.Module) -> None:
+    """Average each split parameter's gradient over its replicas as it is produced (every micro-batch: the sum
+    of the averaged pieces is the average of the sum)."""
+    for p, s in split_params(model).values():
+        if s.replicas.size() == 1:
+            continue
+        group, n = s.replicas.get_group(), s.replicas.size()
+
+        def hook(grad, group=group, n=n):
+            grad = grad.clone()
+            dist.all_reduce(grad, group=group)
+            return grad.div_(n)
+
+        p.register_hook(hook)
+
+
+def sq_sum(model: torch.nn.Module) -> torch.Tensor:
+    """Σ w² over the split parameters, every slice once (float64)."""
+    from torch.distributed.tensor import DTensor
+
+    total = torch.zeros((), dtype=torch.float64)
+    by_group: dict = {}
+    for p, s in split_params(model).values():
+        t = p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()
+        by_group.setdefault(s.group, []).append(t.double().pow(2).sum().cpu())
+    for group, parts in by_group.items():
+        s = torch.stack(parts).sum()
+        dev = next(iter(model.parameters())).device
+        s = s.to(dev if dev.type != "meta" else "cpu")
+        dist.all_reduce(s, group=group)
+        total += s.cpu()
+    return total

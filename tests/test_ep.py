@@ -1,0 +1,197 @@
+"""Expert parallelism: the hand-written dispatch and combine equal transformers' experts, and the trainer with
+``--ep`` equals one process.
+
+1. The dispatch (``coursekit.ep.dispatch.ExpertShard``) on 2 and 4 ranks against transformers' own fused experts
+   module on the whole batch, forward and backward, for routings chosen to be hard: an expert no token picks and
+   one every token picks (top-1), random top-2, top-8 of 8 (every expert gets every token), and a capacity factor
+   that drops choices (the dropped count is the one the capacity rule gives). Every all-to-all the step issues is
+   counted (``CollectiveCounter``) and equals ``coursekit.comm.volume.moe_all_to_all`` of the router's counts.
+2. ``coursekit train --ep`` (DDP over 2 ranks, EP 2; DDP over 4, EP 4; FSDP2 over 4 with EP 2, so each expert slice
+   is also sharded over 2 ranks) equals the single-process run step by step on every rank (Qwen3-MoE and Mixtral
+   tiny models; the router's auxiliary loss off, since it is a product of batch means, not a mean).
+3. Bad input is refused before launch in one line.
+
+This file is also the worker of part 1 (run under torchrun).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from parity import assert_equal_to_single, baseline, train
+
+H, F, E, T = 16, 8, 8, 12  # hidden, expert width, experts, tokens per rank
+CASES = {  # name -> (top_k, routing, capacity factor)
+    "one-expert-takes-all": (1, "skewed", None),
+    "random-top2": (2, "random", None),
+    "top8-of-8": (8, "all", None),
+    "capacity-drops": (2, "skewed", 1.0),
+}
+
+
+def _routing(kind: str, k: int, n_tokens: int, gen):
+    import torch
+
+    if kind == "all":
+        idx = torch.stack([torch.randperm(E, generator=gen) for _ in range(n_tokens)])
+    elif kind == "skewed":  # every token picks expert 1 first; expert 0 is never picked
+        rest = torch.stack([torch.randperm(E - 2, generator=gen)[: k - 1] + 2 for _ in range(n_tokens)])
+        idx = torch.cat([torch.ones(n_tokens, 1, dtype=torch.long), rest], 1)
+    else:
+        idx = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(n_tokens)])
+    w = torch.rand(n_tokens, k, generator=gen)
+    return idx, w / w.sum(1, keepdim=True)
+
+
+def _experts():
+    """transformers' own fused experts module (Qwen3-MoE's: 3-D gate_up_proj / down_proj), random weights."""
+    import torch
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=2)
+    m = Qwen3MoeExperts(cfg)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        m.gate_up_proj.copy_(torch.randn(m.gate_up_proj.shape, generator=g) * 0.3)
+        m.down_proj.copy_(torch.randn(m.down_proj.shape, generator=g) * 0.3)
+    return m
+
+
+def _case(name, rank, n, group):
+    import torch
+
+    from coursekit.comm.counter import CollectiveCounter
+    from coursekit.ep.dispatch import ExpertShard
+
+    k, kind, cf = CASES[name]
+    gen = torch.Generator().manual_seed(len(name))
+    x = torch.randn(n * T, H, generator=gen)
+    idx, w = _routing(kind, k, n * T, gen)
+    gout = torch.randn(n * T, H, generator=gen)
+    ref = _experts()
+    mine = slice(rank * T, (rank + 1) * T)
+    keep_w = w.clone()
+    if cf is not None:  # the reference drops the same choices: each rank's first `capacity` per expert
+        cap = math.ceil(cf * T * k / E)
+        for r in range(n):
+            seen = [0] * E
+            for t in range(r * T, (r + 1) * T):
+                for j in range(k):
+                    e = int(idx[t, j])
+                    seen[e] += 1
+                    if seen[e] > cap:
+                        keep_w[t, j] = 0.0
+    xr, wr = x.clone().requires_grad_(), keep_w.clone().requires_grad_()
+    (ref(xr, idx, wr) * gout).sum().backward()
+    shard = ExpertShard(_experts(), group=group, rank=rank, size=n, capacity_factor=cf)
+    xs, ws = x[mine].clone().requires_grad_(), w[mine].clone().requires_grad_()
+    with CollectiveCounter() as cc:
+        out = shard(xs, idx[mine], ws)
+        (out * gout[mine]).sum().backward()
+    with torch.no_grad():
+        want = ref(x, idx, keep_w)[mine]
+    sl = slice(shard.first, shard.first + shard.local)
+    # relative to the reference's largest magnitude: a weight gradient sums every rank's tokens in another order
+    # than one process does (fp32 rounding ~1e-7 of the largest term); a wrong row, split or weight is off by O(1)
+    err = lambda a, b: float((a - b).abs().max() / b.abs().max().clamp(min=1.0))  # noqa: E731
+    rec = {"out": err(out, want), "dx": err(xs.grad, xr.grad[mine]),
+           "d_gate_up": err(shard.gate_up_proj.grad, ref.gate_up_proj.grad[sl]),
+           "d_down": err(shard.down_proj.grad, ref.down_proj.grad[sl]),
+           "counts": shard.counts[0].tolist(), "dropped": shard.dropped,
+           "a2a": [[c.op, c.bytes, c.group_size] for c in cc.as_plan()]}
+    kept = keep_w[mine] != 0  # a dropped choice's weight gets no gradient here (its expert never ran)
+    rec["dw"] = max(err(ws.grad[kept], wr.grad[mine][kept]), float(ws.grad[~kept].abs().max()) if (~kept).any() else 0)
+    return rec
+
+
+def _worker() -> None:
+    import torch.distributed as dist
+
+    from coursekit import dist as ckdist
+    from coursekit.launch import report
+
+    with ckdist.session(seed=0) as info:
+        report({name: _case(name, info.rank, info.world_size, dist.group.WORLD) for name in CASES})
+
+
+def _expected_a2a(counts, n, k, cf):
+    """The volume model of one forward + backward from every rank's router counts (after the capacity drop)."""
+    from coursekit.comm import volume
+
+    if cf is not None:
+        cap = math.ceil(cf * T * k / E)
+        counts = [[min(c, cap) for c in rank] for rank in counts]
+    send, recv = volume.expert_rows(counts, n)
+    return [[[c.op, c.bytes, c.group_size] for c in volume.moe_all_to_all(send[r], recv[r], H, E, n)]
+            for r in range(n)]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_dispatch_and_combine_equal_transformers_experts(nproc, no_orphans):
+    from coursekit.launch import launch
+
+    res = launch(str(Path(__file__).resolve()), nproc=nproc, timeout=180, stream=False).results
+    for name, (k, kind, cf) in CASES.items():
+        recs = [r[name] for r in res]
+        for rank, rec in enumerate(recs):
+            for key in ("out", "dx", "d_gate_up", "d_down", "dw"):
+                assert rec[key] <= 1e-6, (name, rank, key, rec[key])
+            assert sum(rec["counts"]) == T * k
+        counts = [rec["counts"] for rec in recs]
+        if kind == "skewed":
+            assert all(c[0] == 0 and c[1] == T for c in counts), counts  # none for expert 0, all for expert 1
+        if cf is not None:
+            cap = math.ceil(cf * T * k / E)
+            assert [rec["dropped"] for rec in recs] == [[sum(max(0, c - cap) for c in cs)] for cs in counts]
+            assert all(rec["dropped"][0] > 0 for rec in recs)
+        assert [rec["a2a"] for rec in recs] == _expected_a2a(counts, nproc, k, cf), name
+
+
+MOE = ("--router-aux-loss-coef", "0")
+
+
+@pytest.mark.parametrize("strategy, nproc, ep, model", [
+    ("ddp", 2, 2, "tiny-qwen3-moe"),
+    ("ddp", 4, 4, "tiny-qwen3-moe"),
+    ("fsdp2", 4, 2, "tiny-mixtral"),
+])
+def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, no_orphans):
+    base = baseline("--model", model, *MOE)
+    res = train(strategy, nproc, "--model", model, "--ep", ep, *MOE)
+    assert_equal_to_single(res, base, nproc)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "tiny-qwen3-moe", "--ep", "3", "--nproc", "3", "--global-batch", "6"],
+     "--ep 3 does not divide the 4 experts"),
+    (["--model", "tiny-llama", "--ep", "2", "--nproc", "2"], "--ep 2 needs a mixture-of-experts model"),
+    (["--model", "tiny-qwen3-moe", "--ep", "4", "--nproc", "2"], "ep 4 does not divide the 2 ranks it borrows"),
+    (["--model", "tiny-qwen3-moe", "--ep", "2", "--nproc", "2", "--capacity-factor", "0"],
+     "--capacity-factor must be > 0"),
+    (["--model", "tiny-qwen3-moe", "--ep", "2", "--nproc", "4", "--pp", "2"], "--ep with --pp is not supported"),
+    (["--model", "tiny-llama", "--router-aux-loss-coef", "0.1"], "applies to mixture-of-experts models"),
+    (["--model", "tiny-qwen3-moe", "--nproc", "2", "--tp", "2"], "--tp on a mixture-of-experts model"),
+])
+def test_bad_ep_input_is_refused_before_launch(args, needle):
+    from coursekit.train.launcher import plan
+
+    with pytest.raises(ValueError, match=needle):
+        plan(["--strategy", "ddp", *args])
+
+
+def test_cli_refuses_ep_in_one_line_with_exit_2():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", "train", "--strategy", "ddp", "--nproc", "2",
+                          "--model", "tiny-qwen3-moe", "--ep", "3", "--global-batch", "6"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "ep 3 does not divide" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(_worker())
