@@ -160,9 +160,37 @@ MOE = ("--router-aux-loss-coef", "0")
     ("fsdp2", 4, 2, "tiny-mixtral"),
 ])
 def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, no_orphans):
+    """Equal to one process; and on the counted (last) step every rank's all-to-all bytes equal the volume model of
+    the router counts the ranks recorded, and its peak of saved activations equals the calculator's for the rows
+    its experts received (uneven: the router is random)."""
+    from coursekit.comm import volume
+    from coursekit.memory import activation_bytes, preset
+
     base = baseline("--model", model, *MOE)
-    res = train(strategy, nproc, "--model", model, "--ep", ep, *MOE)
+    res = train(strategy, nproc, "--model", model, "--ep", ep, "--count-step", *MOE)
     assert_equal_to_single(res, base, nproc)
+    shape, recs = preset(model), res.results
+    last = [r["steps"][-1]["expert_tokens"] for r in recs]  # [rank][layer][expert]
+    loss_ranks = nproc  # every rank is a loss rank here: ep borrows from them
+    groups = [list(range(g * ep, (g + 1) * ep)) for g in range(loss_ranks // ep)]
+    for rank, rec in enumerate(recs):
+        f, step = rec["final"], rec["steps"][-1]
+        n = f["micro_batch"] * f["seq"]
+        assert all(sum(layer) == n * shape.top_k for layer in step["expert_tokens"])
+        assert step["expert_tokens_all_ranks"] == [[sum(c[l][e] for c in last) for e in range(shape.experts)]
+                                                  for l in range(shape.layers)]
+        group = next(g for g in groups if rank in g)
+        me, local = group.index(rank), shape.experts // ep
+        want, rows = 0, []
+        for layer in range(shape.layers):
+            send, recv = volume.expert_rows([last[r][layer] for r in group], ep)
+            want += volume.payload_bytes(volume.moe_all_to_all(send[me], recv[me], shape.hidden, shape.experts, ep))
+            rows.append(sum(recv[me]))
+        assert f["comm"]["all_to_all"]["bytes"] == want
+        reports = [activation_bytes(shape, f["micro_batch"], f["seq"], dtype="fp32", attention="sdpa", impl="hf",
+                                    kernels="cpu", position_ids="per-sequence", ep=ep, expert_rows=r) for r in rows]
+        assert f["peak_saved_bytes"] == sum(x.layer_bytes for x in reports) + sum(reports[0].model.values())
+        assert rows != [n * shape.top_k] * shape.layers or ep == 1  # the split really was uneven somewhere
 
 
 @pytest.mark.parametrize("args, needle", [

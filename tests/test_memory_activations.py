@@ -22,10 +22,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def build(shape: ModelShape, attention: str, dtype: str, device: str = "cpu"):
     d = to_hf_config_dict(shape)
-    cls = {"llama": transformers.LlamaConfig, "gpt2": transformers.GPT2Config}[d.pop("model_type")]
+    cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
     torch.manual_seed(0)
     with torch.device(device):
-        m = transformers.AutoModelForCausalLM.from_config(cls(**d), dtype=DTYPES[dtype], attn_implementation=attention)
+        m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype], attn_implementation=attention)
     return m.train()
 
 
@@ -198,3 +198,34 @@ def test_saved_bytes_per_cp_rank_equal_coursekit_memory_cp_impl(tmp_path, no_orp
             assert layer[(rank, "ulysses", kv)] - layer[(rank, "ring", kv)] == n * 64 * 4
         # one K/V head over all s tokens instead of s/2: K and V each b·(s − s/2)·d more
         assert layer[(rank, "ulysses", 1)] - layer[(rank, "ring", 1)] == n * 64 * 4 + 2 * b * (s - s // 2) * 16 * 4
+
+
+def family(fam, h, a, k, f, *, L=2, d=None, **kw):
+    return ModelShape(arch="llama", family=fam, layers=L, hidden=h, heads=a, kv_heads=k, ffn=f, vocab=256,
+                      max_positions=512, head_dim=d, **({"qkv_bias": True} if fam == "qwen2" else {}), **kw)
+
+
+# The families of the MoE issue: Qwen2 (q/k/v biases), Qwen3 (q/k norms), Qwen3-MoE and Mixtral (router, top-1 /
+# top-2 / top-8, renormalised weights or not, GQA). A random router sends uneven numbers of tokens to the experts;
+# transformers' grouped_mm path saves per (token, choice) row, so the bytes do not depend on the split.
+FAMILY_GRID = [
+    (family("qwen2", 64, 4, 2, 176), "sdpa", "fp32", 2, 24),
+    (family("qwen3", 64, 4, 2, 176, d=16), "sdpa", "fp32", 2, 24),
+    (family("qwen3", 64, 4, 4, 176, d=32), "eager", "bf16", 1, 33),
+    (family("qwen3_moe", 64, 4, 2, 176, d=16, experts=4, top_k=2, expert_ffn=32, norm_topk=True), "sdpa", "fp32",
+     2, 24),
+    (family("qwen3_moe", 64, 4, 2, 176, d=16, experts=4, top_k=1, expert_ffn=48), "sdpa", "fp32", 1, 40),
+    (family("qwen3_moe", 96, 6, 3, 64, d=16, experts=8, top_k=8, expert_ffn=24, norm_topk=True), "eager", "fp32",
+     2, 16),
+    (family("mixtral", 64, 4, 2, 40, experts=8, top_k=2), "sdpa", "fp32", 2, 24),
+    (family("mixtral", 64, 4, 1, 40, experts=4, top_k=2), "eager", "fp32", 3, 17),
+]
+
+
+@pytest.mark.parametrize("shape,attention,dtype,b,s", FAMILY_GRID,
+                         ids=[f"{x[0].family}-e{x[0].experts}k{x[0].top_k}-{x[1]}-{x[2]}-b{x[3]}s{x[4]}"
+                              for x in FAMILY_GRID])
+def test_families_equal_measurement(shape, attention, dtype, b, s):
+    meas = measure(build(shape, attention, dtype), b, s, shape.vocab)["total_bytes"]
+    est = activation_bytes(shape, b, s, dtype=dtype, attention=attention, impl="hf", kernels="cpu")
+    assert est.total_bytes == meas, (est.total_bytes, meas, est.per_layer)

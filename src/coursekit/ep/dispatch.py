@@ -27,7 +27,7 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed._functional_collectives import AsyncCollectiveTensor, all_to_all_single_autograd
 
 
 class ExpertShard(nn.Module):
@@ -67,7 +67,7 @@ class ExpertShard(nn.Module):
         dist.all_to_all_single(recv_counts, counts, group=self.group)
         send = counts.view(n, L).sum(1).tolist()
         recv = recv_counts.view(n, L).sum(1).tolist()
-        rows = all_to_all_single_autograd(x[token], recv, send, self.group)  # 3. dispatch
+        rows = _wait(all_to_all_single_autograd(x[token], recv, send, self.group))  # 3. dispatch
         local = torch.arange(L, device=x.device).repeat(n).repeat_interleave(recv_counts)  # each row's expert
         by_expert = torch.argsort(local, stable=True)  # 4. regroup: expert 0's rows from every source first
         per_expert = recv_counts.view(n, L).sum(0).tolist()
@@ -76,7 +76,7 @@ class ExpertShard(nn.Module):
         y = torch.cat([self.expert(e, chunk, gate_up, down)
                        for e, chunk in enumerate(rows[by_expert].split(per_expert))])
         y = y[torch.argsort(by_expert)]  # back to the order the rows arrived in
-        back = all_to_all_single_autograd(y, send, recv, self.group)  # 5. combine
+        back = _wait(all_to_all_single_autograd(y, send, recv, self.group))  # 5. combine
         weight = top_k_weights.reshape(-1)[order].unsqueeze(-1)  # 6. weight and add into each token
         return torch.zeros_like(x).index_add(0, token, (back * weight).to(x.dtype))
 
@@ -105,3 +105,8 @@ class _GradScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.scale, None
+
+
+def _wait(t: torch.Tensor) -> torch.Tensor:
+    """The all-to-all's result, waited for here (not whenever its first use happens to unwrap it)."""
+    return t.wait() if isinstance(t, AsyncCollectiveTensor) else t

@@ -107,11 +107,15 @@ def attention_kernel(shape: ModelShape, *, dtype: str, attention: str, impl: str
 def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "sdpa",
                      impl: str = "hf", kernels: str = "cuda", recompute: str = "none", dropout: float | None = None,
                      tp: int = 1, sp: bool = False, cp: int = 1, cp_impl: str = "ring",
-                     position_ids: str = "shared") -> ActivationReport:
+                     position_ids: str = "shared", ep: int = 1, expert_rows: int | None = None,
+                     aux_loss: bool = False) -> ActivationReport:
     """Saved activation bytes of one micro-batch of ``batch`` sequences of ``seq`` tokens, on one TP/CP rank.
 
-    ``dropout`` overrides the shape's dropout rates (all of them) when given. The report is cached and shared:
-    treat it as read-only.
+    ``dropout`` overrides the shape's dropout rates (all of them) when given. A mixture of experts: ``ep`` 1 runs
+    transformers' grouped_mm experts, ``ep`` > 1 ``coursekit.ep.dispatch``; ``expert_rows`` is the (token, choice)
+    rows one layer's experts on this rank receive (default: a balanced router, tokens x top_k); ``aux_loss``: the
+    router's load-balancing loss is computed (transformers' ``load_balancing_loss_func``). The report is
+    cached and shared: treat it as read-only.
     """
     sp, kernel, (p_attn, p_resid, p_embd) = _check(shape, seq, dtype=dtype, attention=attention, impl=impl,
                                                    kernels=kernels, recompute=recompute, dropout=dropout, tp=tp,
@@ -139,8 +143,14 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
                             mask=mask, p_attn=p_attn, cuda=cuda, ulysses=cp if ulysses else 0))
         if p_resid > 0:
             t["attn_resid_dropout.mask"] = mask * n_res * h
+        if shape.qk_norm:
+            t.update(_qk_norm(impl=impl, P=P, n=n, a=a, k=k, d=d))
         t.update(norm("mlp_norm"))
-        t.update(_mlp(shape, P=P, n=n, f=f))
+        if shape.is_moe:
+            rows = n * shape.top_k if expert_rows is None else expert_rows
+            t.update(_moe(shape, P=P, n=n, ep=ep, rows=rows))
+        else:
+            t.update(_mlp(shape, P=P, n=n, f=f))
         if p_resid > 0:
             t["mlp_dropout.mask"] = mask * n_res * h
 
@@ -157,6 +167,9 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     if p_embd > 0:
         e["embedding_dropout.mask"] = mask * n_res * h
     hd = norm("final_norm") | _loss(batch, s, V // tp if impl == "fused" and V % tp == 0 else V)
+    if shape.is_moe and aux_loss:  # softmax over every layer's router logits at once; the per-expert token shares
+        hd |= {"moe.aux_loss.softmax": P * shape.layers * n * shape.experts,  # one per layer, n x E each
+               "moe.aux_loss.tokens_per_expert_fp32": 4 * shape.experts}
     notes = ("SDPA runs its math path: q, k, v, scores and masks saved in fp32",) if kernel == "math" else ()
     nz = lambda dct: {k_: v for k_, v in dct.items() if v}  # noqa: E731
     return ActivationReport(nz(t), nz(e), nz(sh), nz(hd), shape.layers, kernel, notes)
@@ -166,10 +179,9 @@ def _check(shape, seq: int, *, dtype, attention, impl, kernels, recompute, dropo
            position_ids):
     """Refuse what is not modelled (ConfigError); returns (sp as it applies, the attention kernel, the dropout rates
     (attention, residual, embedding))."""
-    if shape.is_moe or shape.qk_norm:
-        what = "the router's and the experts' tensors" if shape.is_moe else "the q/k norms' tensors"
-        raise ConfigError(f"saved activations of a {shape.family} model ({what}) are not modelled yet; its model "
-                          "states are (coursekit.memory.states)")
+    if shape.is_moe and tp > 1:
+        raise ConfigError("a mixture-of-experts model under tensor parallelism is not modelled (the trainer does not "
+                          "split its sparse MLP either; use ep)")
     choice("dtype", dtype, DTYPE_BYTES)
     choice("attention", attention, ATTENTION)
     choice("impl", impl, IMPLS)
@@ -228,6 +240,45 @@ def _mlp(shape, *, P, n, f) -> dict[str, int]:
                 "mlp.up_out": P * n * f,  # saved by the multiply
                 "mlp.product(down_input)": P * n * f}
     return {"mlp.activation_saved": saves * P * n * f, "mlp.act_out(proj_input)": P * n * f}  # fc -> act -> proj
+
+
+def _qk_norm(*, impl, P, n, a, k, d) -> dict[str, int]:
+    """Qwen3's RMSNorm over each query and key head (``n`` tokens, ``a`` / ``k`` heads of ``d`` on this rank); its
+    output goes to RoPE, which saves only cos and sin."""
+    if impl == "fused":
+        return {"attn.q_norm.input": P * n * a * d, "attn.q_norm.rstd_fp32": 4 * n * a,
+                "attn.k_norm.input": P * n * k * d, "attn.k_norm.rstd_fp32": 4 * n * k}
+    return {"attn.q_norm.input_fp32": 4 * n * a * d, "attn.q_norm.rsqrt_fp32": 4 * n * a,
+            "attn.q_norm.normalized": P * n * a * d, "attn.k_norm.input_fp32": 4 * n * k * d,
+            "attn.k_norm.rsqrt_fp32": 4 * n * k, "attn.k_norm.normalized": P * n * k * d}
+
+
+def _moe(shape, *, P, n, ep, rows) -> dict[str, int]:
+    """A sparse MLP block on one rank: the router (its input is the norm output, counted there) and the experts over
+    ``S = n·top_k`` (token, choice) rows, of which this rank's experts compute ``rows``.
+
+    Router (fp32 probabilities, as transformers computes them): softmax output, top-k ids, and with renormalised
+    weights (Mixtral; Qwen3-MoE's norm_topk_prob) the sum and the divided weights. The weights enter the experts in
+    the router's dtype: fp32 (Mixtral keeps it), the activation dtype (Qwen3-MoE casts back).
+    """
+    E, f, h, S = shape.experts, shape.moe_ffn, shape.hidden, n * shape.top_k
+    W = 4 if shape.family == "mixtral" else P
+    t = {"moe.router.softmax_fp32": 4 * n * E, "moe.router.topk_ids(int64)": 8 * S}
+    if shape.norm_topk:
+        t |= {"moe.router.topk_sum_fp32": 4 * n, "moe.router.topk_weights_fp32": 4 * S}
+    expert = {"moe.experts.gate_up_out": P * rows * 2 * f,  # silu's input is a view of it; so is up
+              "moe.experts.act_out": P * rows * f, "moe.experts.product(down_input)": P * rows * f}
+    if ep == 1:  # transformers' grouped_mm_experts_forward: sort, gather, two grouped GEMMs, weight, unsort, sum
+        return t | expert | {
+            "moe.sort.perm(int64)": 8 * S, "moe.sort.token_of_row(int64)": 8 * S, "moe.offsets(int32)": 4 * E,
+            "moe.experts.rows_in": P * S * h, "moe.weights_sorted": W * S, "moe.experts.down_out": P * S * h,
+            "moe.unsort.inverse(int64)": 8 * S}
+    # coursekit.ep.dispatch: token ids, the received rows regrouped by expert, results back, weighted, added
+    return t | expert | {
+        "moe.dispatch.token_of_row(int64)": 8 * S, "moe.dispatch.order(int64)": 8 * S,
+        "moe.dispatch.rows_sent": P * S * h,  # the all-to-all's input, held by its autograd node
+        "moe.experts.by_expert(int64)": 8 * rows, "moe.experts.rows_in": P * rows * h,
+        "moe.experts.unsort(int64)": 8 * rows, "moe.combine.rows_back": P * S * h, "moe.weights_sorted": W * S}
 
 
 def _loss(batch: int, s: int, v_loc: int) -> dict[str, int]:

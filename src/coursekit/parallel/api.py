@@ -106,6 +106,7 @@ class Strategy:
         self.last_state_bytes: dict | None = None
         self.pipeline = None  # set by coursekit.pp when the model is split into stages
         self.aux_coef = router_aux_coef(self.opts)  # MoE: the load-balancing loss's weight (None: dense)
+        self.aux_losses: list[float] = []  # MoE: each micro-batch's load-balancing loss (the trainer's record)
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module) -> None:
@@ -129,11 +130,14 @@ class Strategy:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
     def forward_loss(self, batch) -> torch.Tensor:
-        moe = {"output_router_logits": True} if self.aux_coef else {}
+        moe = {"output_router_logits": True} if self.aux_coef else {}  # 0: no auxiliary loss computed at all
         with self.autocast():
             out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, **moe)
         loss = cross_entropy(out.logits, batch.labels)
-        return loss + self.aux_coef * out.aux_loss.float() if self.aux_coef else loss
+        if not self.aux_coef:
+            return loss
+        self.aux_losses.append(out.aux_loss.item())
+        return loss + self.aux_coef * out.aux_loss.float()
 
     def backward(self, loss: torch.Tensor, micro: int, n_micro: int) -> None:
         (loss / n_micro).backward()

@@ -71,6 +71,7 @@ class _Loop:
         self.in_save, self.before = in_save, before
         self.opts, self.info = run.ctx.opts, run.ctx.info
         self.records, self.step_counts, self.startup = [], {}, {}
+        self.load = _expert_load(run)  # MoE: tokens per expert per step (None for a dense model)
 
     def step(self, step: int) -> None:
         from coursekit.parallel.loss import global_loss
@@ -94,6 +95,8 @@ class _Loop:
         rec = {"step": step, "loss": global_loss(local, self.run.ctx),
                "local_loss": None if local is None else local.item(), "step_time_s": dt,
                "tokens_per_s": t.global_batch * t.seq / dt}
+        if self.load is not None:
+            rec.update(self._experts(strategy))
         if not self.records:
             self.startup = self._startup()
         self.records.append(rec)
@@ -101,6 +104,30 @@ class _Loop:
             note_step(opts.ckpt.ckpt_dir, step)
         if info.is_main and not opts.output.quiet:
             print("step " + json.dumps(dict(rec, steps=t.steps)), flush=True)
+
+    def _experts(self, strategy) -> dict:
+        """This step's expert load: this rank's router counts per layer, their sum over the loss ranks (the whole
+        batch), its imbalance, the choices a capacity dropped and the router's auxiliary loss."""
+        import torch
+        import torch.distributed as dist
+
+        from coursekit.measure.experts import imbalance
+
+        mine = self.load.take()
+        total = torch.tensor(mine, dtype=torch.long, device=self.info.device)
+        ctx = self.run.ctx
+        if ctx.dims.size("loss") > 1:
+            dist.all_reduce(total, group=ctx.mesh["loss"].get_group())
+        glob = total.tolist()
+        dropped = [sum(m.dropped) for m in strategy.model.modules() if hasattr(m, "dropped")]
+        for m in strategy.model.modules():
+            if hasattr(m, "dropped"):
+                m.dropped.clear()
+                m.counts.clear()
+        aux = strategy.aux_losses
+        strategy.aux_losses = []
+        return {"expert_tokens": mine, "expert_tokens_all_ranks": glob, "expert_imbalance": imbalance(glob),
+                "dropped_choices": dropped, "aux_loss": sum(aux) / len(aux) if aux else None}
 
     def _startup(self) -> dict:
         """Start-up cost: from the launch (or this process's start) to the first step's end; recovery after a
@@ -132,3 +159,15 @@ class _Loop:
                 **started, "num_params": self.run.num_params, "param_sq_sum": strategy.param_sq_sum(),
                 **use, "stragglers": stragglers, **(self.ckpt.stats() if self.ckpt else {}), **self.step_counts,
                 **(strategy.last_state_bytes or {})}
+
+
+def _expert_load(run):
+    from coursekit.memory.calculator import resolve_model
+    from coursekit.spec.families import plan_for
+
+    shape = resolve_model(run.ctx.opts.train.model)
+    if not shape.is_moe:
+        return None
+    from coursekit.measure.experts import ExpertLoad
+
+    return ExpertLoad(run.model, plan_for(shape.family, "the expert load", run.ctx.opts.train.model), shape.experts)
