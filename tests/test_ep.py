@@ -164,7 +164,7 @@ def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, no_orpha
     the router counts the ranks recorded, and its peak of saved activations equals the calculator's for the rows
     its experts received (uneven: the router is random)."""
     from coursekit.comm import volume
-    from coursekit.memory import activation_bytes, preset
+    from coursekit.memory import activation_bytes, estimate, preset
 
     base = baseline("--model", model, *MOE)
     res = train(strategy, nproc, "--model", model, "--ep", ep, "--count-step", *MOE)
@@ -191,6 +191,12 @@ def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, no_orpha
                                     kernels="cpu", position_ids="per-sequence", ep=ep, expert_rows=r) for r in rows]
         assert f["peak_saved_bytes"] == sum(x.layer_bytes for x in reports) + sum(reports[0].model.values())
         assert rows != [n * shape.top_k] * shape.layers or ep == 1  # the split really was uneven somewhere
+        # the model states this rank holds: the dense parameters whole (DDP) or 1/N (FSDP2), its experts' slices
+        e = estimate(model, batch=f["micro_batch"], seq=f["seq"], dtype="fp32", strategy=strategy, dp=nproc, ep=ep,
+                     aux_loss=False, kernels="cpu", position_ids="per-sequence").to_dict()
+        assert {k: f[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes")} == {
+            "params_bytes": e["parameters_bytes"], "grads_bytes": e["gradients_bytes"],
+            "optimizer_bytes": e["optimizer_states_bytes"]}, rank
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from coursekit.memory import engines, estimate, preset
+from coursekit.memory import PRESETS, engines, estimate, preset
 from coursekit.memory.engines.ddp import DDP
 
 MODEL, SEQ, GLOBAL_BATCH = "tiny-llama", 32, 8
@@ -128,3 +128,14 @@ def test_ddp_buckets_are_the_gradients_with_bucket_views(no_orphans):
         assert not off["shared"] and off["grad_bytes"] == copies.categories["gradients"]
         assert off["bucket_bytes"] == copies.categories["communication_buckets"]
     assert copies.peak_bytes - views.peak_bytes == views.categories["gradients"]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_fsdp2_layout_lists_every_tensor_of_every_family(name):
+    """FSDP2's exact layout shards each tensor on dim 0: its (dim 0, row size) list is the real model's tensors, in
+    order, for every family (Qwen3's q/k norms and the 3-D experts included)."""
+    from coursekit.memory.engines.fsdp2 import param_dims
+
+    shape = preset(name)
+    shape = shape.with_(layers=min(shape.layers, 2))
+    assert tuple(d0 * rest for d0, rest in param_dims(shape)) == shape.param_numels()

@@ -1,6 +1,6 @@
 """How many tokens each expert of a mixture-of-experts model received: the load imbalance, step by step.
 
-    load = ExpertLoad(model, family_plan)      # forward hooks on every block's router
+    load = ExpertLoad(model_parts(model), family_plan, experts)   # forward hooks on every block's router
     ... one step ...
     load.take()  ->  [[tokens of expert 0, 1, ...] per layer]   (this rank's (token, choice) pairs, then reset)
 
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from coursekit.models import blocks
+
 
 class ExpertLoad:
-    def __init__(self, model: torch.nn.Module, plan, experts: int):
-        from coursekit.models import blocks
-        from coursekit.parallel.compose import model_parts
-
+    def __init__(self, lms: list, plan, experts: int):
         self.experts, self.layers = experts, []
-        for lm in model_parts(model):
+        for lm in lms:  # the causal LMs this rank holds (its pipeline stages)
             for block in blocks(lm):
                 try:
                     router = block.get_submodule(plan.router)

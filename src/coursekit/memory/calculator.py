@@ -177,6 +177,10 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     c = config if config is not None else TrainConfig(**vocab.config_kwargs(kwargs))
     if config is not None and kwargs:
         raise ConfigError("give either a TrainConfig or keyword arguments, not both")
+    if c.ep > 1 and not shape.is_moe:
+        raise ConfigError(f"ep {c.ep} needs a mixture-of-experts model; {shape.name} ({shape.family}) is dense")
+    if shape.is_moe and shape.experts % c.ep:
+        raise ConfigError(f"ep ({c.ep}) does not divide the {shape.experts} experts of {shape.name}")
     if c.pp > shape.layers:
         raise ConfigError(f"pp ({c.pp}) exceeds the number of layers ({shape.layers})")
     if c.pp * megatron.virtual(c) > shape.layers:

@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--sp", action="store_true", help="sequence parallelism over the TP group")
     a("--pp", type=int, default=1)
     a("--cp", type=int, default=1)
+    a("--ep", type=int, default=1, help="expert-parallel degree (MoE models; borrowed from the dp x cp ranks)")
+    a("--router-aux-loss-coef", type=float, help="MoE: the load-balancing loss's weight; 0: not computed (default: "
+      "the model config's)")
     a("--cp-impl", default="ring", choices=list(CP_IMPLS), help="context-parallel attention (the trainer's --cp-impl)")
     a("--position-ids", default="shared", choices=list(POSITION_IDS),
       help="RoPE tables: shared (1, s), or per-sequence (b, s) position ids as coursekit's trainer passes")
@@ -97,7 +100,7 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
     kw = dict(batch=ns.batch, seq=ns.seq, dtype=ns.dtype, precision=ns.precision, optimizer=ns.optimizer,
               attention=ns.attention, impl=ns.impl, kernels=ns.kernels, recompute=ns.recompute, dropout=ns.dropout,
               dp=ns.dp, world=ns.world, fsdp_reshard=not ns.no_reshard, ddp_bucket_view=not ns.no_bucket_view,
-              hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, cp_impl=ns.cp_impl,
+              hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, ep=ns.ep, cp_impl=ns.cp_impl,
               position_ids=ns.position_ids, microbatches=ns.microbatches,
               pp_schedule=ns.pp_schedule, pp_virtual=ns.pp_virtual, pp_runtime=ns.pp_runtime, offload=ns.offload,
               offload_params=ns.offload_params, dp_rank=ns.dp_rank,
@@ -106,6 +109,10 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
     kw.update(_fsdp_kwargs(ns))
     if ns.reduce_bucket_size is not None:
         kw["bucket_elems"] = ns.reduce_bucket_size
+    if ns.router_aux_loss_coef is not None:
+        if not math.isfinite(ns.router_aux_loss_coef) or ns.router_aux_loss_coef < 0:
+            raise ConfigError(f"--router-aux-loss-coef must be a finite number >= 0, got {ns.router_aux_loss_coef}")
+        kw["aux_loss"] = ns.router_aux_loss_coef > 0
     if ns.runtime_gib is not None:
         if not math.isfinite(ns.runtime_gib) or ns.runtime_gib < 0:
             raise ConfigError(f"--runtime-gib must be a finite number >= 0, got {ns.runtime_gib}")

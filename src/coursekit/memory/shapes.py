@@ -278,15 +278,18 @@ class ModelShape:
     def params_per_layer(self) -> int:
         return sum(x.count for x in self.param_terms() if x.per_layer)
 
-    def local_params(self, tp: int = 1) -> tuple[int, int, int, int]:
-        """Parameters one TP rank holds: (per layer, first-stage extras, last-stage extras, tied embedding)."""
-        return _local_params(self, tp)
+    def local_params(self, tp: int = 1, ep: int = 1) -> tuple[int, int, int, int]:
+        """Parameters one TP (and EP) rank holds: (per layer, first-stage extras, last-stage extras, tied
+        embedding). Expert parallelism keeps experts/ep of every expert term."""
+        return _local_params(self, tp, ep)
 
-    def _local_params(self, tp: int) -> tuple[int, int, int, int]:
+    def _local_params(self, tp: int, ep: int = 1) -> tuple[int, int, int, int]:
         out = {"layer": 0, "first": 0, "last": 0}
         tied = 0
         for x in self.param_terms():
-            if x.tp == "shard":
+            if x.expert:
+                n = x.count // ep
+            elif x.tp == "shard":
                 n = -(-x.count // tp)
             elif x.tp == "kv":
                 n = x.count // self.kv_heads * max(1, self.kv_heads // tp)
@@ -309,8 +312,8 @@ def _param_numels(shape: ModelShape) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=4096)
-def _local_params(shape: ModelShape, tp: int) -> tuple[int, int, int, int]:
-    return shape._local_params(tp)
+def _local_params(shape: ModelShape, tp: int, ep: int = 1) -> tuple[int, int, int, int]:
+    return shape._local_params(tp, ep)
 
 
 # ---- HF config.json ------------------------------------------------------------------------------------------------

@@ -65,6 +65,12 @@ class TrainConfig:
     """Pipeline-parallel degree."""
     cp: int = 1
     """Context-parallel degree (splits the sequence)."""
+    aux_loss: bool = True
+    """Mixture of experts: the router's load-balancing loss is computed (the trainer's default; its
+    --router-aux-loss-coef 0 turns it off)."""
+    ep: int = 1
+    """Expert-parallel degree (mixture-of-experts models): each rank keeps experts/ep of every layer's experts; the
+    ep ranks are borrowed from the dp · cp ranks (it must divide them), as the trainer's --ep does."""
     cp_impl: str = "ring"
     """Context-parallel attention (the trainer's --cp-impl): ring, or ulysses (saves the attention output twice and,
     with fewer K/V heads than cp, one replicated K/V head over the whole sequence)."""
@@ -138,7 +144,7 @@ class TrainConfig:
         choice("offload_params", self.offload_params, OFFLOAD)
         if self.dropout is not None and (not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1):
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for k in ("tp", "pp", "cp"):
+        for k in ("tp", "pp", "cp", "ep"):
             s(k, positive_int(k, getattr(self, k)))
         if self.pp_virtual is not None:
             s("pp_virtual", positive_int("pp_virtual", self.pp_virtual))
@@ -179,6 +185,10 @@ class TrainConfig:
             s("microbatches", self.pp)
         if self.seq % self.cp:
             raise ConfigError(f"seq ({self.seq}) is not divisible by cp ({self.cp})")
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(f"ep ({self.ep}) does not divide the dp·cp = {self.dp * self.cp} ranks it borrows")
+        if self.ep > 1 and self.engine not in ("ddp", "fsdp2"):
+            raise ConfigError(f"ep is modelled with engines ddp and fsdp2 (as the trainer runs it), not {self.engine}")
         if self.sp and self.tp > 1 and (self.seq // self.cp) % self.tp:
             raise ConfigError(f"sequence parallelism needs seq/cp ({self.seq // self.cp}) divisible by tp ({self.tp})")
         if self.dp_rank is not None:

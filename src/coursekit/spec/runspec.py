@@ -162,6 +162,7 @@ class RunSpec:
         micro, _ = self.batch(dims)
         kw = dict(batch=micro, seq=self.seq, dtype=self.dtype, attention=self.attention, recompute=self.recompute,
                   engine=e.engine, dp=dims.dp, world=dims.world_size, tp=d["tp"], pp=d["pp"], cp=d["cp"],
+                  ep=dims.ep,
                   sp=self.sp and d["tp"] > 1, cp_impl=self.cp_impl, microbatches=self.grad_accum)
         if d["pp"] > 1:  # without a pipeline the plain loop runs one micro-batch at a time, whatever the schedule
             kw.update(pp_schedule=self.pp_schedule, pp_virtual=self.pp_virtual)

@@ -17,6 +17,10 @@ import json
 import os
 import time
 
+from coursekit.memory.calculator import resolve_model
+from coursekit.parallel.compose import model_parts
+from coursekit.spec.families import plan_for
+
 
 def run(opts) -> dict:
     """Train under an already-launched process group; returns this rank's record."""
@@ -162,12 +166,10 @@ class _Loop:
 
 
 def _expert_load(run):
-    from coursekit.memory.calculator import resolve_model
-    from coursekit.spec.families import plan_for
-
     shape = resolve_model(run.ctx.opts.train.model)
     if not shape.is_moe:
         return None
-    from coursekit.measure.experts import ExpertLoad
+    from coursekit.measure.experts import ExpertLoad  # torch
 
-    return ExpertLoad(run.model, plan_for(shape.family, "the expert load", run.ctx.opts.train.model), shape.experts)
+    plan = plan_for(shape.family, "the expert load", run.ctx.opts.train.model)
+    return ExpertLoad(model_parts(run.model), plan, shape.experts)

@@ -40,13 +40,17 @@ class FSDP2(Engine):
             raise ConfigError("FSDP2 offloads to the CPU only (CPUOffloadPolicy); NVMe offload is DeepSpeed's")
 
     def exact(self, shape, c) -> bool:
-        return c.tp == 1 and c.pp == 1 and shape.arch in ("llama", "gpt2")
+        # with ep > 1 the expert slices are their own units over the ep_rest ranks: the Ψ/N formula (no padding)
+        return c.tp == 1 and c.pp == 1 and c.ep == 1 and shape.arch in ("llama", "gpt2")
 
     def states(self, shape, c, stage):
         if c.qlora:
             return self._qlora_states(shape, c)
         if not self.exact(shape, c):
-            return super().states(shape, c, stage)
+            st = self.state_bytes(stage.shard_equivalent, precision=c.precision, optimizer=c.optimizer, zero=c.zero,
+                                  shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params,
+                                  param_tensors=stage.tensors)
+            return st, c.dp_rank if c.dp_rank is not None else 0
         N, rank = c.shard_degree, c.dp_rank if c.dp_rank is not None else 0
         dims = param_dims(shape)
         padded = sum(-(-d0 // N) * rest for d0, rest in dims)
@@ -181,9 +185,16 @@ def param_dims(shape) -> list[tuple[int, int]]:
     else:
         def lin(n_in_, n_out, bias):
             return [(n_out, n_in_)] + ([(n_out, 1)] if bias else [])
-        layer = (lin(h, qw, shape.qkv_bias) + lin(h, kw, shape.qkv_bias) + lin(h, kw, shape.qkv_bias)
-                 + lin(qw, h, shape.qkv_bias) + lin(h, f, shape.mlp_bias) * n_in + lin(f, h, shape.mlp_bias)
-                 + norm + norm)
+        attn = (lin(h, qw, shape.qkv_bias) + lin(h, kw, shape.qkv_bias) + lin(h, kw, shape.qkv_bias)
+                + lin(qw, h, shape.o_bias) + [(shape.head_dim, 1)] * (2 * shape.qk_norm))
+        E, fe = shape.experts, shape.moe_ffn
+        if shape.family == "mixtral":  # router, then the 3-D experts (E, 2f, h) and (E, h, f)
+            mlp = [(E, h), (E, 2 * fe * h), (E, h * fe)]
+        elif shape.is_moe:
+            mlp = [(E, 2 * fe * h), (E, h * fe), (E, h)]
+        else:
+            mlp = lin(h, f, shape.mlp_bias) * n_in + lin(f, h, shape.mlp_bias)
+        layer = attn + mlp + norm + norm
     last = norm + ([] if shape.tied_embeddings else [(V, h)])
     return first + layer * shape.layers + last
 

@@ -45,6 +45,19 @@ class Stage:
     in_flight: int
     """Micro-batches whose activations this stage holds at once (with several stages per rank: the most chunk
     micro-batches it holds at once, which need not be when its bytes peak)."""
+    expert_per_layer: int = 0
+    """Of ``per_layer``: this rank's expert parameters (experts/ep of each expert term)."""
+    ep: int = 1
+
+    @property
+    def expert_params(self) -> int:
+        return self.layers * self.expert_per_layer
+
+    @property
+    def shard_equivalent(self) -> int:
+        """Parameters that a sharding engine divides by its N ranks: the expert slices are sharded over the N/ep
+        ranks holding the same slice, so they count ep times (dense/N + experts_local/(N/ep))."""
+        return self.params + (self.ep - 1) * self.expert_params
 
     @property
     def params(self) -> int:
@@ -76,7 +89,7 @@ def chunk_layers(shape, c, g: int) -> int:
 
 def stage(shape, c, i: int) -> Stage:
     """Pipeline rank ``i``'s stages as one TP rank holds them."""
-    per_layer, first, last, tied = shape.local_params(c.tp)
+    per_layer, first, last, tied = shape.local_params(c.tp, c.ep)
     t_layer, t_first, t_last = shape.local_tensors()
     tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
     held = rank_stages(c, i)
@@ -90,8 +103,9 @@ def stage(shape, c, i: int) -> Stage:
     else:  # chunk micro-batches held at the peak (the order of the schedule)
         # the most at once (not always when the bytes peak)
         in_flight = pp_order.peak(c.pp_schedule, c.pp, i, c.microbatches, virtual(c), lambda g: 1)[0]
+    experts = sum(x.count // c.ep for x in shape.param_terms() if x.expert)
     return Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
-                 (last + tied_copy) if is_last else 0, tensors, in_flight)
+                 (last + tied_copy) if is_last else 0, tensors, in_flight, experts, c.ep)
 
 
 def stages(shape, c) -> list[Stage]:
@@ -115,7 +129,8 @@ def activations(shape, c) -> tuple[ActivationReport, int]:
     """Saved activations of one micro-batch on this TP/CP rank, and the recompute working set: one layer's
     activations under full recompute, one attention core under selective (backward re-runs one at a time)."""
     kw = dict(dtype=c.dtype, attention=c.attention, impl=c.impl, kernels=c.kernels, dropout=c.dropout, tp=c.tp,
-              sp=c.sp, cp=c.cp, cp_impl=c.cp_impl, position_ids=c.position_ids)
+              sp=c.sp, cp=c.cp, cp_impl=c.cp_impl, position_ids=c.position_ids, ep=c.ep,
+              aux_loss=c.aux_loss and shape.aux_loss_coef > 0)
     acts = activation_bytes(shape, c.batch, c.seq, recompute=c.recompute, **kw)
     working = 0
     if c.recompute != "none":
