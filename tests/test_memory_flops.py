@@ -14,8 +14,10 @@ from coursekit.memory import ModelShape, preset, to_hf_config_dict
 
 def counted(shape: ModelShape, attention: str, b: int, s: int, recompute: bool = False) -> int:
     d = to_hf_config_dict(shape)
-    cls = {"llama": transformers.LlamaConfig, "gpt2": transformers.GPT2Config}[d.pop("model_type")]
-    model = transformers.AutoModelForCausalLM.from_config(cls(**d), attn_implementation=attention).train()
+    cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+    # FlopCounterMode has no formula for grouped_mm: count the experts on transformers' per-expert loop ("eager")
+    moe = {"experts_implementation": "eager"} if shape.is_moe else {}
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attention, **moe).train()
     if recompute:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, shape.vocab, (b, s))
@@ -29,7 +31,10 @@ def counted(shape: ModelShape, attention: str, b: int, s: int, recompute: bool =
     (preset("tiny-gpt2"), 2, 64),
     (ModelShape(arch="llama", layers=3, hidden=96, heads=6, kv_heads=2, ffn=256, vocab=300, tied_embeddings=True),
      2, 33),
-], ids=["tiny-llama", "tiny-gpt2", "llama-gqa-tied"])
+    (preset("tiny-qwen3"), 2, 24),
+    (preset("tiny-qwen3-moe"), 2, 24),
+    (preset("tiny-mixtral"), 3, 16),
+], ids=["tiny-llama", "tiny-gpt2", "llama-gqa-tied", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral"])
 def test_flops_match_flop_counter(shape, b, s):
     """Eager attention: FlopCounterMode counts every matmul (linears, LM head, QKᵀ and A·V) like our formula."""
     assert flops_per_step(shape, b, s)["total"] == counted(shape, "eager", b, s)

@@ -9,6 +9,9 @@ Convention (the one ``torch.utils.flop_counter.FlopCounterMode`` counts for eage
   LM head (tied or not: the head is a matmul even when it shares the embedding's storage). Embedding tables (token
   and learned position) are lookups and are excluded. Training = forward (2·N per token) + backward (4·N: gradient
   of the input and of the weight), so 6·N·tokens;
+- a mixture of experts: ``N`` counts the router's matrix and, of the experts, the ``top_k / E`` a token runs
+  (N_active: 6·N_active per token, the convention of Mixtral's and Qwen3-MoE's "active parameters" and of
+  Megatron-Core's MoE MFU); dropped tokens (a capacity factor) are still counted;
 - attention: QKᵀ and A·V, 2·2·b·a·s²·d per layer forward, twice that backward, so 12·L·b·a·s²·d per step over the
   full (non-causal) s×s score matrix, which is what the eager path computes. ``causal=True`` halves it (what a causal
   flash kernel actually does).
@@ -30,7 +33,10 @@ def matmul_params(model) -> int:
     """Parameters that take part in a matmul per token (see module docstring): layer matrices + LM head."""
     shape = resolve_model(model)
     table = shape.param_table()
-    return sum(table.get(k, 0) for k in _MATMUL_TERMS) + shape.vocab * shape.hidden
+    n = sum(table.get(k, 0) for k in _MATMUL_TERMS) + shape.vocab * shape.hidden
+    if shape.is_moe:  # the router's matmul, and the top_k of E experts a token runs (the *active* parameters)
+        n += table["router"] + (table["experts_in_proj"] + table["experts_out_proj"]) * shape.top_k // shape.experts
+    return n
 
 
 def flops_per_step(model, batch: int, seq: int, *, causal: bool = False, recompute: str = "none",
