@@ -21,8 +21,10 @@ import time
 
 import pytest
 
+from coursekit.memory import preset
 from coursekit.memory.gpus import GiB
 from coursekit.plan import Cluster, Layout, evaluate, hardware, network, pareto, plan, predict
+from coursekit.plan.search import make_cluster
 from coursekit.plan.cli import main
 from coursekit.plan.hardware import collectives_from_rows, fit_alpha_beta, load_overrides
 from coursekit.plan.layout import parse_layout
@@ -399,3 +401,54 @@ def test_an_ambiguous_gpu_name_is_refused_with_both_names():
     with pytest.raises(ValueError, match="A100-40GB or A100-80GB"):
         hardware("a100")
     assert hardware("h100-sxm").name == "H100-80GB"
+
+
+def test_expert_parallel_all_to_alls_sit_inside_a_node_or_cross_it():
+    """EP groups are the innermost ep of the dp x cp ranks (ParallelDims): with tp 1, ep 8 is one node of 8 GPUs and
+    two nodes of 4. Its all-to-alls (4 per layer: dispatch and combine, forward and backward) are then on NVLink or
+    on the network, and the network's cost more; ep 1 has none."""
+    shape = _shape("mixtral-8x7b")
+    L = Layout(dp_shard=16, engine="fsdp2", ep=8, micro_batch=1)
+    on8, on4 = Links(L, make_cluster(16, 8)), Links(L, make_cluster(16, 4))
+    assert on8.placement(("ep",)) == (8, 8, 1) and on8.kind(("ep",)) == "nvlink"
+    assert on4.placement(("ep",)) == (8, 4, 2) and on4.kind(("ep",)) == "network"
+    assert on8.placement(("ep_rest",)) == (2, 1, 2)  # the ranks holding the same experts: one per node
+    fast, slow = (predict(shape, L, make_cluster(16, g), seq=4096, global_batch=16) for g in (8, 4))
+    assert 0 < fast.exposed_s["ep"] < slow.exposed_s["ep"]
+    assert fast.links["ep"] == "nvlink" and slow.links["ep"] == "network"
+    assert "ep" not in predict(shape, Layout(dp_shard=16, engine="fsdp2"), make_cluster(16, 8), seq=4096,
+                               global_batch=16).exposed_s
+
+
+def test_planner_searches_expert_parallelism_for_moe_models(capsys):
+    """The search visits EP degrees (dividing the experts and dp x cp) for an MoE model and none for a dense one;
+    more EP ranks hold fewer expert bytes; --ep keeps one degree; bad degrees are refused in one line."""
+    args = dict(gpus=16, gpus_per_node=8, seq=4096, global_batch=64)
+    found = plan("mixtral-8x7b", keep_unfit=True, **args)
+    assert {c.layout.ep for c in found} >= {1, 2, 4, 8}
+    assert {c.layout.ep for c in plan("llama3-8b", **args)} == {1}
+    base = dict(dp_replicate=16, engine="ddp", micro_batch=1, recompute="full")  # DDP: every rank holds its experts
+    e1, e8 = (evaluate("mixtral-8x7b", dict(base, ep=e), **args) for e in (1, 8))
+    # the peak is the optimizer step: 16 bytes per parameter (bf16 weights and grads, fp32 master, m, v) and the
+    # step's fp32 temporary, 20 in all; ep 8 keeps 1/8 of the experts
+    experts = preset("mixtral-8x7b").expert_params() * 20
+    assert e1.peak_bytes - e8.peak_bytes == pytest.approx(experts * 7 / 8, rel=0.02)
+    assert main(["--model", "mixtral-8x7b", "--gpus", "16", "--seq", "4096", "--global-batch", "64", "--ep", "4",
+                 "--json", "--top", "0"]) == 0
+    assert {c["layout"]["ep"] for c in json.loads(capsys.readouterr().out)} == {4}
+    assert main(["--model", "mixtral-8x7b", "--gpus", "16", "--seq", "4096", "--global-batch", "64",
+                 "--layout", "dp_shard=16,ep=3"]) == 2
+    assert "ep 3 does not divide" in capsys.readouterr().err
+
+
+def test_attention_flag_selects_the_kernel_memory_and_time(capsys):
+    """--attention eager keeps the score matrices (memory) and runs them through HBM (time); flash does neither."""
+    out = {}
+    for kernel in ("flash", "eager"):
+        assert main(["--model", "llama3-8b", "--gpus", "8", "--seq", "4096", "--global-batch", "32", "--attention",
+                     kernel, "--layout", "dp_shard=8,micro_batch=1,recompute=none", "--json"]) == 0
+        out[kernel] = json.loads(capsys.readouterr().out)[0]
+    assert out["eager"]["peak_bytes"] > out["flash"]["peak_bytes"]
+    assert out["eager"]["step_time_s"] > out["flash"]["step_time_s"]
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        main(["--model", "llama3-8b", "--gpus", "8", "--seq", "4096", "--global-batch", "32", "--attention", "sdpa"])

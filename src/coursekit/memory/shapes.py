@@ -227,7 +227,11 @@ class ModelShape:
 
     def expert_params(self) -> int:
         """Parameters of all experts of all layers (0 for a dense model)."""
-        return sum(x.count * self.layers for x in self.param_terms() if x.expert)
+        return self.layers * self.expert_params_per_layer()
+
+    def expert_params_per_layer(self) -> int:
+        """Parameters of one layer's experts (0 for a dense model)."""
+        return _expert_layer(self)
 
     def num_param_tensors(self) -> int:
         """How many parameter tensors the HF model has (``len(list(model.parameters()))``, tied weights once)."""
@@ -270,6 +274,9 @@ class ModelShape:
 
     def local_tensors(self) -> tuple[int, int, int]:
         """Parameter tensors per layer, on the first stage only, on the last stage only."""
+        return _local_tensors(self)
+
+    def _local_tensors(self) -> tuple[int, int, int]:
         out = {"layer": 0, "first": 0, "last": 0}
         for x in self.param_terms():
             out[x.stage] += x.tensors
@@ -304,6 +311,16 @@ class ModelShape:
 @lru_cache(maxsize=1024)  # shapes are immutable; the solvers and grids ask the same shape thousands of times
 def _num_params(shape: ModelShape) -> int:
     return sum(shape.param_table().values())
+
+
+@lru_cache(maxsize=1024)
+def _local_tensors(shape: ModelShape) -> tuple[int, int, int]:
+    return shape._local_tensors()
+
+
+@lru_cache(maxsize=1024)
+def _expert_layer(shape: ModelShape) -> int:
+    return sum(x.count for x in shape.param_terms() if x.expert)
 
 
 @lru_cache(maxsize=1024)

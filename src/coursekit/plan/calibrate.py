@@ -69,12 +69,14 @@ def _dtensor_calibration() -> dict:
                 self.dtensor += any(isinstance(a, DTensor) for a in pytree.tree_leaves((args, kwargs)))
                 return func(*args, **(kwargs or {}))
 
+        from coursekit.spec.families import LLAMA
+
         out = {}
         for name, sp in (("plain", None), ("tp", False), ("tp_sp", True)):
             model = build_model(CALIBRATION_MODEL, seed=0)
             if sp is not None:
                 tp = TensorParallel.__new__(TensorParallel)  # the plan without a trainer context
-                tp.sp = sp
+                tp.sp, tp.family = sp, LLAMA  # the calibration model is Llama-shaped
                 tp.apply_lm(model, mesh, 1, 0)
             opt = torch.optim.AdamW(model.parameters(), foreach=False)
 

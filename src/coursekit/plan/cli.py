@@ -27,9 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--network", default="ib-400", help="inter-node network preset: ib-400, ib-200, roce-200, ...")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--attention", default="flash", choices=("flash", "eager"),
+                   help="attention kernel the run uses: flash (no score matrix kept; default) or eager")
     p.add_argument("--top", type=int, default=5, help="how many to show (0: every candidate, with --json)")
     p.add_argument("--json", action="store_true", help="print candidates as a JSON list")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="memory vs predicted step time, Pareto front")
+    p.add_argument("--ep", type=int, default=None, help="MoE models: search only layouts with this expert-parallel "
+                   "degree (default: every one dividing the experts and the dp x cp ranks)")
     p.add_argument("--layout", default=None, help="evaluate one layout: k=v,... (keys: dp_replicate, dp_shard, tp, "
                    "pp, cp, micro_batch, recompute, zero, engine, pp_schedule, microbatches, virtual_stages, "
                    "cp_impl, sp; or the trainer's names: strategy=zero3, grad_accum, pp_virtual)")
@@ -94,16 +98,23 @@ def main(argv=None) -> int:
         if args.hardware:
             hw, net = load_overrides(args.hardware, hw, net)
         common = dict(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq=args.seq, global_batch=args.global_batch,
-                      dtype=args.dtype, hw=hw, net=net)
+                      dtype=args.dtype, attention=args.attention, hw=hw, net=net)
         if args.top < 0:
             raise ValueError(f"--top must be >= 0, got {args.top}")
-        for flag in ("gpus", "gpus_per_node", "seq", "global_batch"):
-            if getattr(args, flag) < 1:
+        for flag in ("gpus", "gpus_per_node", "seq", "global_batch", "ep"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
                 raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
         if args.layout:
-            cands = [evaluate(args.model, parse_layout(args.layout), **common)]
+            layout = parse_layout(args.layout)
+            if args.ep is not None:
+                if layout.get("ep", args.ep) != args.ep:
+                    raise ValueError(f"--ep {args.ep} and --layout ep={layout['ep']} disagree; give one")
+                layout["ep"] = args.ep
+            cands = [evaluate(args.model, layout, **common)]
         else:
-            cands = plan(args.model, keep_unfit=bool(args.plot) or (args.json and args.top == 0), **common)
+            fixed = {"ep": args.ep} if args.ep is not None else None
+            cands = plan(args.model, keep_unfit=bool(args.plot) or (args.json and args.top == 0), fixed=fixed,
+                         **common)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """One candidate layout: the parallel core's degrees plus the knobs that change speed and memory. Pure Python.
 
-Key names are ``coursekit.parallel.ParallelDims``' (dp_replicate, dp_shard, tp, pp, cp) plus micro_batch,
+Key names are ``coursekit.parallel.ParallelDims``' (dp_replicate, dp_shard, tp, pp, cp, ep) plus micro_batch,
 recompute, zero, engine, pp_schedule, microbatches, virtual_stages, cp_impl and sp. ``--layout k=v,...`` parses
 into this; ``to_dict`` is what ``--json`` prints.
 
@@ -30,6 +30,8 @@ class Layout:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
+    """Expert parallelism (MoE models): experts split over this many of the dp x cp ranks (it borrows them)."""
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel rank."""
     recompute: str = "none"
@@ -47,7 +49,7 @@ class Layout:
     """Sequence parallelism over the TP group (Korthikanti et al. 2022); ignored when tp = 1."""
 
     def __post_init__(self):
-        for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "micro_batch", "virtual_stages"):
+        for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "micro_batch", "virtual_stages"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"layout {k} must be a positive integer, got {v!r}")
@@ -62,6 +64,10 @@ class Layout:
         if self.engine != "fsdp2" and self.dp_shard > 1:
             raise ValueError(f"dp_shard {self.dp_shard} needs engine=fsdp2 (FSDP2 / HSDP); DDP and ZeRO use "
                              "dp_replicate")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"layout ep {self.ep} does not divide the dp x cp = {self.dp * self.cp} ranks it borrows")
+        if self.ep > 1 and self.engine == "deepspeed":
+            raise ValueError("layout ep > 1 runs with DDP or FSDP2 (as the trainer does), not DeepSpeed")
         if self.virtual_stages > 1 and (self.pp == 1 or self.pp_schedule != "1f1b"):
             raise ValueError("virtual_stages > 1 is the interleaved 1F1B schedule: needs pp > 1 and pp_schedule=1f1b")
 
@@ -98,6 +104,7 @@ class Layout:
         dims = spec.dims()
         d = dims.degrees
         return cls(dp_replicate=d["dp_replicate"], dp_shard=d["dp_shard"], tp=d["tp"], pp=d["pp"], cp=d["cp"],
+                   ep=dims.ep,
                    micro_batch=spec.batch(dims)[0], recompute=spec.recompute, engine=e.engine,
                    zero=zero or 0, sp=spec.sp, cp_impl=spec.cp_impl,
                    pp_schedule=spec.pp_schedule if d["pp"] > 1 else "1f1b")
@@ -105,7 +112,7 @@ class Layout:
     def spec(self) -> RunSpec:
         """The run this layout describes, in the run description's terms (its strategy, degrees, schedule)."""
         return RunSpec(strategy=self.strategy, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
-                       degrees={k: getattr(self, k) for k in ("tp", "pp", "cp") if getattr(self, k) > 1},
+                       degrees={k: getattr(self, k) for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1},
                        micro_batch=self.micro_batch, recompute=self.recompute, cp_impl=self.cp_impl,
                        pp_schedule=self.pp_schedule, sp=self.sp and self.tp > 1)
 
@@ -115,6 +122,7 @@ class Layout:
     def memory_kwargs(self) -> dict:
         """Keyword arguments for ``coursekit.memory.estimate`` (its TrainConfig names)."""
         kw = dict(batch=self.micro_batch, recompute=self.recompute, dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
+                  ep=self.ep,
                   sp=self.sp and self.tp > 1, zero=self.zero, engine=self.engine,
                   pp_schedule=self.pp_schedule, microbatches=self.microbatches)
         if self.virtual_stages > 1:  # interleaved 1F1B: more chunk micro-batches in flight than 1F1B
@@ -129,7 +137,7 @@ class Layout:
     def short(self) -> str:
         parts = [self.strategy + (f"({self.dp_replicate}x{self.dp_shard})" if self.strategy == "hsdp" else "")
                  + f" dp{self.dp}"]
-        parts += [f"{k}{getattr(self, k)}" for k in ("tp", "pp", "cp") if getattr(self, k) > 1]
+        parts += [f"{k}{getattr(self, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1]
         if self.virtual_stages > 1:
             parts.append(f"v{self.virtual_stages}")
         if self.cp > 1:
@@ -142,7 +150,7 @@ class Layout:
         return " ".join(parts)
 
 
-_INT = {"dp_replicate", "dp_shard", "tp", "pp", "cp", "micro_batch", "zero", "microbatches", "virtual_stages",
+_INT = {"dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "micro_batch", "zero", "microbatches", "virtual_stages",
         "grad_accum", "pp_virtual"}
 
 

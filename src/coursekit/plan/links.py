@@ -23,6 +23,7 @@ class Links:
     def __init__(self, layout: Layout, cluster: Cluster):
         self.deg = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
                     "cp": layout.cp, "tp": layout.tp}
+        self.ep = layout.ep
         self.c = cluster
         self._memo: dict = {}
 
@@ -33,9 +34,13 @@ class Links:
         return self._memo[axes]
 
     def _placement(self, axes: tuple) -> tuple[int, int, int]:
-        inner = self.ORDER[self.ORDER.index(axes[-1]) + 1:]
-        stride = math.prod(self.deg[a] for a in inner)
-        n = math.prod(self.deg[a] for a in axes)
+        if axes in (("ep",), ("ep_rest",)):  # EP: the innermost ep of the dp x cp ranks (ParallelDims), just outside
+            host = self.deg["dp_replicate"] * self.deg["dp_shard"] * self.deg["cp"]  # tp; ep_rest: those with one slice
+            n, stride = (self.ep, self.deg["tp"]) if axes == ("ep",) else (host // self.ep, self.deg["tp"] * self.ep)
+        else:
+            inner = self.ORDER[self.ORDER.index(axes[-1]) + 1:]
+            stride = math.prod(self.deg[a] for a in inner)
+            n = math.prod(self.deg[a] for a in axes)
         g = self.c.gpus_per_node
         k = 1 if stride >= g else max(1, min(n, g // stride))
         return n, k, max(1, n // k)

@@ -174,12 +174,20 @@ def layouts_of(shape, gpus: int, gpus_per_node: int, seq: int, global_batch: int
                         for v in (VIRTUAL_STAGES if pp > 1 else (1,)):
                             if pp * v > shape.layers:
                                 continue
-                            try:
-                                L = Layout(tp=tp, cp=cp, pp=pp, cp_impl=impl, virtual_stages=v, **var)
-                                _check(shape, L, seq)
-                            except (LayoutError, ValueError):
-                                continue
-                            yield L
+                            for ep in _ep_degrees(shape, dp * cp):
+                                try:
+                                    L = Layout(tp=tp, cp=cp, pp=pp, cp_impl=impl, virtual_stages=v, ep=ep, **var)
+                                    _check(shape, L, seq)
+                                except (LayoutError, ValueError):
+                                    continue
+                                yield L
+
+
+def _ep_degrees(shape, host: int) -> list[int]:
+    """Expert-parallel degrees of an MoE model: those dividing its experts and the dp x cp ranks (1 for dense)."""
+    if not shape.is_moe:
+        return [1]
+    return [e for e in _divisors(host) if shape.experts % e == 0]
 
 
 def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="ib-400", seq: int,
@@ -207,7 +215,7 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
             stub = replace(stub, **preset)
         if any(getattr(stub, k) != v for k, v in fixed.items() if k not in ("micro_batch", "recompute")):
             continue
-        key = (stub.tp, stub.cp, stub.pp, stub.strategy, stub.dp_shard, stub.virtual_stages)
+        key = (stub.tp, stub.cp, stub.pp, stub.strategy, stub.dp_shard, stub.virtual_stages, stub.ep)
         if key in skipped:
             continue
         try:

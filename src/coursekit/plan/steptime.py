@@ -164,7 +164,10 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     stage_params, fsdp_mb, step_dp, host_mb = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
                                                              stage_layers=stage_layers, compute_mb=compute_mb,
                                                              dp_axes=dp_axes)
-    mb_time = compute_mb + stage_layers * (tp_s + cp_s) + pp_s + fsdp_mb + host_mb
+    ep_s = 0.0
+    if shape.is_moe and L.ep > 1:  # dispatch + combine, forward and backward: 4 all-to-alls of t·k rows per layer
+        ep_s = 4 * links.time("all_to_all", t * shape.top_k * h * act, ("ep",))
+    mb_time = compute_mb + stage_layers * (tp_s + cp_s + ep_s) + pp_s + fsdp_mb + host_mb
     bubble = (pp - 1) / v * mb_time if pp > 1 else 0.0
     opt = _optimizer_time(shape, L, hw, stage_params=stage_params, stage_layers=stage_layers)
     step_dp += links.time("all_reduce", 4, dp_axes + ("pp",), 1) if hw.loss_sync else 0.0
@@ -176,9 +179,9 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     hflops = _flops(shape, global_batch, seq, L.recompute)
     peak = hw.peak(dtype)
     exposed = {"tp": m * stage_layers * tp_s, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
-               "dp": m * fsdp_mb + step_dp}
+               "dp": m * fsdp_mb + step_dp, **({"ep": m * stage_layers * ep_s} if L.ep > 1 else {})}
     link_kinds = {name: links.kind(axes) for name, axes in
-                  (("tp", ("tp",)), ("cp", ("cp",)), ("dp", dp_axes), ("pp", ("pp",)))
+                  (("tp", ("tp",)), ("cp", ("cp",)), ("dp", dp_axes), ("pp", ("pp",)), ("ep", ("ep",)))
                   if links.placement(axes)[0] > 1}
     return Prediction(step_time_s=step, compute_s=m * compute_mb, bubble_s=bubble, exposed_s=exposed,
                       optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
@@ -191,7 +194,12 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[flo
     heads = shape.heads / tp
     kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
     n_in = 2 if shape.mlp == "swiglu" else 1
-    gemms = [(t, h, (heads + 2 * kv_heads) * d), (t, heads * d, h), (t, h, n_in * f / tp), (t, f / tp, h)]
+    gemms = [(t, h, (heads + 2 * kv_heads) * d), (t, heads * d, h)]
+    if shape.is_moe:  # the router, then the experts as one grouped GEMM over the t·k rows a balanced router sends
+        rows, f = t * shape.top_k, shape.moe_ffn * shape.top_k  # f: the elementwise width per token below
+        gemms += [(t, h, shape.experts), (rows, h, 2 * shape.moe_ffn), (rows, shape.moe_ffn, h)]
+    else:
+        gemms += [(t, h, n_in * f / tp), (t, f / tp, h)]
     g_fwd = sum(gemm_time(*g, hw, dtype) for g in gemms)
     if attention == "flash":
         fl = 4 * L.micro_batch * heads * (seq / cp) * seq * d * 0.5  # causal, load-balanced over CP ranks
@@ -239,7 +247,7 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
     """Data parallel: (stage parameters, exposed per micro-batch (sharded engines), exposed per step, host work per
     micro-batch left after overlap)."""
     tp, cp = L.tp, L.cp
-    per_layer, first, last, _ = shape.local_params(tp)
+    per_layer, first, last, _ = shape.local_params(tp, L.ep)
     stage_params = stage_layers * per_layer + max(first, last)
     fsdp_mb = step_dp = 0.0
     # host work beyond the eager per-op cost: DTensor dispatch of TP layers, ZeRO-3's hooks (below)
@@ -286,6 +294,8 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
 def _optimizer_time(shape, L, hw, *, stage_params, stage_layers) -> float:
     """The optimizer step on one rank: memory-bound over its shard, plus per-tensor host costs."""
     shard = L.dp * L.cp if (L.zero >= 1 or L.engine == "fsdp2") else 1
+    if L.ep > 1 and shard > 1:  # expert slices shard over the dp·cp/ep ranks holding them
+        stage_params += (L.ep - 1) * stage_layers * (shape.expert_params_per_layer() // L.ep)
     opt = stage_params / shard * OPT_BYTES / (hw.hbm_bw * HBM_FRACTION)
     opt += hw.optimizer_ops_per_tensor * _stage_tensors(shape, stage_layers) * hw.kernel_floor_s
     # torch-native sharded or composed models hold DTensor parameters (FSDP2 / HSDP; DDP over TP or PP through

@@ -103,7 +103,7 @@ def stage(shape, c, i: int) -> Stage:
     else:  # chunk micro-batches held at the peak (the order of the schedule)
         # the most at once (not always when the bytes peak)
         in_flight = pp_order.peak(c.pp_schedule, c.pp, i, c.microbatches, virtual(c), lambda g: 1)[0]
-    experts = sum(x.count // c.ep for x in shape.param_terms() if x.expert)
+    experts = shape.expert_params_per_layer() // c.ep
     return Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
                  (last + tied_copy) if is_last else 0, tensors, in_flight, experts, c.ep)
 
