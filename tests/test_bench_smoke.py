@@ -222,3 +222,13 @@ def test_bench_profiling_overlap(tmp_path, no_orphans):
     for r in d["overlap"]:
         assert r["step_ms"] > 0 and r["comm_ms"] > 0 and 0 <= r["exposed_ms"] <= r["comm_ms"] + 1e-6, r
         assert all(0 <= r[f"overlap_rank{k}"] <= 100 for k in (0, 1)), r
+
+
+def test_bench_moe(no_orphans):
+    d = json.loads(bench("bench_moe.py", "--steps", "3", "--json"))
+    assert all(0 < v["active"] < v["total"] for v in d["presets"].values())
+    for r in d["ep_run"]:  # measured on the run's ranks, predicted from the router counts they recorded
+        assert r["all_to_all_bytes"] == r["all_to_all_predicted"] > 0
+        assert r["saved_bytes"] == r["saved_predicted"] > 0
+    assert [r["aux_loss_coef"] for r in d["aux_loss"]] == ["0", "default", "0.1"]
+    assert all(r["imbalance_first"] >= 1 and math.isfinite(r["loss_last"]) for r in d["aux_loss"])

@@ -1,0 +1,96 @@
+"""Mixture of experts and expert parallelism: the figures of Module 4's fourth dimension.
+
+    python bench/bench_moe.py                 # presets, one EP run, the aux loss over 300 steps
+    python bench/bench_moe.py --steps 20 --json
+
+1. Presets: total and active parameters of the real MoE models (the calculator's, equal to transformers' meta count
+   in tests/test_memory_presets.py).
+2. One EP run (tiny-qwen3-moe, DDP on 2 ranks, ep 2, --count-step): per rank the all-to-all bytes counted against
+   the volume model of the router's counts, and the saved activations against the calculator.
+3. The router's load-balancing loss: tiny-qwen3-moe trained on one process with the aux loss off, at the model's
+   default weight and at a strong one; the expert imbalance (busiest expert over the mean) of the first and last
+   tenth of the steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("COURSEKIT_DEVICE", "cpu")
+
+
+def train(*args) -> list[dict]:
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", "train", "--json", "--quiet", *args],
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout[out.stdout.index("{"):])["ranks"]
+
+
+def ep_run(model: str) -> list[dict]:
+    from coursekit.comm import volume
+    from coursekit.memory import activation_bytes, preset
+
+    shape, ep = preset(model), 2
+    ranks = train("--model", model, "--strategy", "ddp", "--nproc", "2", "--ep", str(ep), "--steps", "2", "--seq",
+                  "32", "--global-batch", "8", "--count-step", "--router-aux-loss-coef", "0")
+    last = [r["steps"][-1]["expert_tokens"] for r in ranks]
+    rows_out = []
+    for q, r in enumerate(ranks):
+        f, want, rows = r["final"], 0, []
+        for layer in range(shape.layers):
+            send, recv = volume.expert_rows([c[layer] for c in last], ep)
+            want += volume.payload_bytes(volume.moe_all_to_all(send[q], recv[q], shape.hidden, shape.experts, ep))
+            rows.append(sum(recv[q]))
+        reps = [activation_bytes(shape, f["micro_batch"], f["seq"], dtype="fp32", kernels="cpu", impl="hf",
+                                 attention="sdpa", position_ids="per-sequence", ep=ep, expert_rows=x) for x in rows]
+        rows_out.append({"rank": q, "rows_received": rows, "all_to_all_bytes": f["comm"]["all_to_all"]["bytes"],
+                         "all_to_all_predicted": want, "saved_bytes": f["peak_saved_bytes"],
+                         "saved_predicted": sum(x.layer_bytes for x in reps) + sum(reps[0].model.values())})
+    return rows_out
+
+
+def aux_effect(model: str, steps: int) -> list[dict]:
+    out = []
+    for coef in ("0", "default", "0.1"):
+        extra = [] if coef == "default" else ["--router-aux-loss-coef", coef]
+        rec = train("--model", model, "--strategy", "single", "--steps", str(steps), "--seq", "64",
+                    "--global-batch", "8", "--lr", "3e-3", *extra)[0]
+        imb = [s["expert_imbalance"] for s in rec["steps"]]
+        k = max(1, steps // 10)
+        out.append({"aux_loss_coef": coef, "imbalance_first": sum(imb[:k]) / k, "imbalance_last": sum(imb[-k:]) / k,
+                    "loss_first": rec["steps"][0]["loss"], "loss_last": rec["steps"][-1]["loss"]})
+    return out
+
+
+def main(argv=None) -> int:
+    from coursekit.memory import preset
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--model", default="tiny-qwen3-moe")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    presets = {n: {"total": preset(n).num_params(), "active": preset(n).num_active_params()}
+               for n in ("qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b", a.model)}
+    res = {"presets": presets, "ep_run": ep_run(a.model), "aux_loss": aux_effect(a.model, a.steps)}
+    if a.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    for n, v in presets.items():
+        print(f"{n:<18} {v['total']:>16,} total  {v['active']:>15,} active")
+    for r in res["ep_run"]:
+        print(f"ep rank {r['rank']}: rows received per layer {r['rows_received']}; all-to-all {r['all_to_all_bytes']:,} B"
+              f" (volume model {r['all_to_all_predicted']:,}); saved {r['saved_bytes']:,} B (calculator "
+              f"{r['saved_predicted']:,})")
+    for r in res["aux_loss"]:
+        print(f"aux loss coef {r['aux_loss_coef']:>7}: imbalance {r['imbalance_first']:.3f} -> {r['imbalance_last']:.3f}"
+              f" over {a.steps} steps; loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
