@@ -1,5 +1,7 @@
-"""Module 4 in ``coursekit demo``: tensor, pipeline and context parallelism on one mesh, each equal to one
-process's run step by step; and the pipeline bubble of GPipe on 2 stages at m = 1 and 4 against (p−1)/(m+p−1)."""
+"""Module 4 in ``coursekit demo``: tensor, pipeline, context and expert parallelism on one mesh, each equal to one
+process's run step by step (EP also: its all-to-all bytes = the volume model of the router's counts); and the
+pipeline bubble of GPipe on 2 stages at m = 1 and 4 against (p−1)/(m+p−1). Ulysses left the tour for EP (the
+3-minute budget): tests/test_cp_attention.py and the slow tier keep it."""
 from __future__ import annotations
 
 from coursekit.tour import Check
@@ -11,12 +13,34 @@ def checks(tour) -> list[Check]:
     runs = [("TP=2 on 2 processes = 1 process", ("ddp", 2, "--tp", "2"))]
     if not tour.quick:  # --quick: TP alone (the one-minute subset)
         runs += [("GPipe, 2 stages, 2 micro-batches = 1 process", ("ddp", 2, "--pp", "2", "--grad-accum", "2")),
-                 ("ring attention, CP=2 = 1 process", ("ddp", 2, "--cp", "2", "--cp-impl", "ring")),
-                 ("Ulysses, CP=2 = 1 process", ("ddp", 2, "--cp", "2", "--cp-impl", "ulysses"))]
+                 ("ring attention, CP=2 = 1 process", ("ddp", 2, "--cp", "2", "--cp-impl", "ring"))]
     out = [tour.equal_losses(4, what, tour.train(*args)) for what, args in runs]
     if not tour.quick:
-        out += bubble_checks(tour)
+        out += [ep_check(tour)] + bubble_checks(tour)
     return out
+
+
+def ep_check(tour) -> Check:
+    """tiny-qwen3-moe with its experts split over 2 ranks (DDP, --ep 2) against the same model on one process, and
+    each rank's counted all-to-all bytes against coursekit.comm.volume.moe_all_to_all of the recorded counts."""
+    from coursekit.comm import volume
+    from coursekit.memory import preset
+
+    moe = ("--model", "tiny-qwen3-moe", "--router-aux-loss-coef", "0")
+    base = tour.losses(tour.train("single", 1, *moe)[0])
+    recs = tour.train("ddp", 2, *moe, "--ep", "2", "--count-step")
+    worst = max(abs(a - b) for r in recs for a, b in zip(tour.losses(r), base))
+    shape, last = preset("tiny-qwen3-moe"), [r["steps"][-1]["expert_tokens"] for r in recs]
+    want = []
+    for q in range(2):
+        total = 0
+        for layer in range(shape.layers):
+            send, recv = volume.expert_rows([c[layer] for c in last], 2)
+            total += volume.payload_bytes(volume.moe_all_to_all(send[q], recv[q], shape.hidden, shape.experts, 2))
+        want.append(total)
+    got = [r["final"]["comm"]["all_to_all"]["bytes"] for r in recs]
+    return Check(4, "EP=2 (MoE) = 1 process; all-to-all bytes", f"= single; {' / '.join(f'{w:,}' for w in want)} B",
+                 f"max |Δloss| {worst:.1e}; {' / '.join(f'{g:,}' for g in got)} B", worst <= 1e-5 and got == want)
 
 
 # |replay - formula| allowed, the formula fed with the stages' measured work per micro-batch (bubble.theory_uneven):
