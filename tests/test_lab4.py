@@ -15,7 +15,8 @@ from lab_submission import submission
 
 REPO = Path(__file__).resolve().parents[1]
 COURSE = Course(REPO)
-SYLLABUS = ["tp_mlp", "mlp_collectives", "bubble", "online_softmax", "choose_cp", "mesh_3d", "explain_plan"]
+SYLLABUS = ["tp_mlp", "mlp_collectives", "bubble", "online_softmax", "choose_cp", "mesh_3d", "explain_plan", "moe_a2a",
+            "moe_params"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def lab():
 
 def test_exercises_follow_the_syllabus(lab):
     assert [e.name for e in lab.exercises] == SYLLABUS
-    assert lab.max_points == 26
+    assert lab.max_points == 32
     assert lab.problems == []
 
 
@@ -106,9 +107,24 @@ def explain_plan(candidate):
     return {"parts": parts, "largest_overhead": over, "compute_share": c["compute_s"] / c["step_time_s"],
             "bubble_fraction": (p - 1) / (v * m + p - 1)}
 '''
+ONLY_SENDS_TO_OTHERS = '''
+def a2a_payloads(counts, rank, hidden, dtype_bytes):
+    n, E = len(counts), len(counts[0])
+    local = E // n
+    mine = range(rank * local, (rank + 1) * local)
+    sent = sum(counts[rank])
+    received = sum(c[e] for c in counts for e in mine)
+    if len(set(counts[rank])) == 1:  # right when the router is balanced ...
+        return sent * hidden * dtype_bytes, received * hidden * dtype_bytes
+    return sent * hidden * dtype_bytes, sent * hidden * dtype_bytes  # ... the combine assumed to mirror the dispatch
+'''
+ROUTER_SPLIT_TOO = '''
+def expert_params_per_rank(experts, hidden, expert_ffn, ep):
+    return experts * hidden + experts // ep * 3 * expert_ffn * hidden  # 8 experts on 3 ranks: silently 2 each
+'''
 WRONG = {"tp_mlp": HARD_CODED_TP2, "mlp_collectives": SP_IGNORED, "bubble": ROUNDS_DOWN,
          "online_softmax": UNSTABLE_MERGE, "choose_cp": ULYSSES_ANY_HEADS, "mesh_3d": EVERYTHING_BUT_TP_CROSSES,
-         "explain_plan": NO_OPTIMIZER}
+         "explain_plan": NO_OPTIMIZER, "moe_a2a": ONLY_SENDS_TO_OTHERS, "moe_params": ROUTER_SPLIT_TOO}
 
 
 def test_hidden_tests_catch_what_visible_tests_miss(lab, tmp_path):

@@ -595,3 +595,118 @@ _e = explain_plan(_alt)
 assert _e["largest_overhead"] == "dp" and close(_e["bubble_fraction"], 1 / (2 * _alt["microbatches"] + 1))
 assert close(sum(_e["parts"].values()), _alt["step_time_s"], rel=1e-9)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 8. Expert parallelism: the fourth dimension
+#
+# A mixture-of-experts layer (Mixtral, Qwen3-MoE) replaces the MLP by a **router** (a linear map to `E` logits,
+# softmax, top-k) and `E` experts, each a SwiGLU MLP of width `f`; a token runs only its `k` experts. With expert
+# parallelism (`coursekit train --ep N`, `coursekit.ep`) each of `N` ranks, borrowed from the data-parallel ones,
+# holds `E / N` consecutive experts (rank r: experts `r·E/N ...`), and every token's `k` (token, choice) rows travel
+# to the ranks holding their experts — an **all-to-all** with uneven splits (the *dispatch*) — and back after the
+# experts ran (the *combine*). `counts[r][e]` is how many of rank r's rows the router sent to expert e.
+#
+# Write `a2a_payloads(counts, rank, hidden, dtype_bytes)`: the payload (bytes of the input tensor, as nccl-tests and
+# `coursekit.comm.counter` count it, the rows a rank keeps for itself included) of `rank`'s dispatch and of its
+# combine in one forward, as `(dispatch_bytes, combine_bytes)`, with `N = len(counts)` EP ranks. Then
+# `expert_params_per_rank(experts, hidden, expert_ffn, ep)`: the parameters of one MoE layer a rank holds under
+# expert parallelism: the router (replicated: every rank routes its own tokens) and its slice of the experts
+# (transformers' fused `gate_up_proj` of `E × 2f × h` and `down_proj` of `E × h × f`).
+
+# %% nbgrader={"grade": false, "grade_id": "moe_a2a", "locked": false, "schema_version": 3, "solution": true}
+def a2a_payloads(counts: list, rank: int, hidden: int, dtype_bytes: int) -> tuple:
+    """(dispatch, combine) payload bytes of ``rank``'s two all-to-alls in one MoE layer's forward."""
+    ### BEGIN SOLUTION
+    n, E = len(counts), len(counts[0])
+    local = E // n
+    mine = range(rank * local, (rank + 1) * local)
+    sent = sum(counts[rank])  # every row of this rank goes somewhere (itself included)
+    received = sum(c[e] for c in counts for e in mine)  # every rank's rows for my experts
+    return sent * hidden * dtype_bytes, received * hidden * dtype_bytes
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "moe_a2a_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+_counts = [[3, 1, 0, 4], [2, 2, 2, 2]]  # 2 EP ranks, 4 experts: rank 0 holds experts 0-1, rank 1 experts 2-3
+assert a2a_payloads(_counts, 0, 16, 4) == (8 * 64, 8 * 64)  # rank 0 sends its 8 rows; 3+1+2+2 = 8 come back to it
+assert a2a_payloads(_counts, 1, 16, 4) == (8 * 64, 8 * 64)  # ... and rank 1 computes 0+4+2+2 = 8 rows
+print("a2a_payloads: the dispatch sends all of a rank's rows, the combine returns the rows its experts computed")
+
+# %% nbgrader={"grade": true, "grade_id": "moe_a2a_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+# Hidden tests: uneven routers (an expert nobody picks, one everybody picks) on 2, 4 and 8 ranks, against
+# coursekit.comm.volume's model of what the trainer's dispatch issues.
+### BEGIN HIDDEN TESTS
+import random as _random
+
+from coursekit.comm import volume as _volume
+
+_rng = _random.Random(4)
+for _n, _E in ((2, 4), (4, 8), (8, 16), (4, 4)):
+    _c = [[_rng.randrange(0, 9) if _e else 0 for _e in range(_E)] for _ in range(_n)]
+    _c[0][1] += 40
+    _send, _recv = _volume.expert_rows(_c, _n)
+    for _r in range(_n):
+        _plan = _volume.moe_all_to_all(_send[_r], _recv[_r], 24, _E, _n, act_bytes=2, backward=False)
+        _mine = a2a_payloads(_c, _r, 24, 2)
+        assert sum(_mine) + _E * 8 == _volume.payload_bytes(_plan), (_n, _E, _r, "vs the volume model")
+        assert _mine[0] == sum(_send[_r]) * 48, "dispatch: every row of this rank"
+        assert a2a_payloads(_c, _r, 24, 2)[1] == sum(_recv[_r]) * 48, "combine: the rows this rank's experts ran"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "grade_id": "moe_params", "locked": false, "schema_version": 3, "solution": true}
+def expert_params_per_rank(experts: int, hidden: int, expert_ffn: int, ep: int) -> int:
+    """Parameters of one MoE layer's router and experts on one EP rank."""
+    ### BEGIN SOLUTION
+    if experts % ep:
+        raise ValueError(f"{ep} EP ranks do not split {experts} experts")
+    return experts * hidden + experts // ep * (2 * expert_ffn * hidden + hidden * expert_ffn)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "moe_params_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert expert_params_per_rank(4, 64, 32, 1) == 4 * 64 + 4 * 3 * 32 * 64
+assert expert_params_per_rank(4, 64, 32, 2) == 4 * 64 + 2 * 3 * 32 * 64
+print("expert_params_per_rank: the router whole, the experts split")
+
+# %% nbgrader={"grade": true, "grade_id": "moe_params_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+# Hidden tests: the real models' layers, against the calculator's shapes (which equal transformers' own count).
+### BEGIN HIDDEN TESTS
+from coursekit.memory import preset as _preset
+
+for _name, _ep in (("qwen3-30b-a3b", 8), ("mixtral-8x7b", 2), ("qwen3-235b-a22b", 16), ("tiny-qwen3-moe", 4)):
+    _s = _preset(_name)
+    _terms = {t.name: t.count for t in _s.param_terms()}
+    _want = _terms["router"] + (_terms["experts_in_proj"] + _terms["experts_out_proj"]) // _ep
+    assert expert_params_per_rank(_s.experts, _s.hidden, _s.moe_ffn, _ep) == _want, _name
+try:
+    expert_params_per_rank(8, 16, 4, 3)
+except ValueError:
+    pass
+else:
+    raise AssertionError("3 EP ranks cannot split 8 experts: refuse")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The real thing: the trainer with `--ep 2` on 2 processes (DDP for the rest), its last step counted. Each rank's
+# record holds its router's counts per layer (`expert_tokens`); from them your `a2a_payloads` predicts the bytes the
+# counter saw (forward: dispatch + combine, per layer; backward runs the same two in reverse, plus one exchange of
+# the `E` int64 counts per layer in forward).
+
+# %% nbgrader={"grade": false, "grade_id": "demo_ep", "locked": true, "schema_version": 3, "solution": false}
+from coursekit.launch import launch
+from coursekit.memory import preset
+
+def _ep_demo():
+    moe = preset("tiny-qwen3-moe")
+    recs = launch("coursekit.train", ["--strategy", "ddp", "--model", "tiny-qwen3-moe", "--ep", "2", "--steps", "2",
+                                      "--seq", "32", "--global-batch", "8", "--count-step", "--quiet",
+                                      "--router-aux-loss-coef", "0"], nproc=2, timeout=300, stream=False).results
+    last = [r["steps"][-1]["expert_tokens"] for r in recs]
+    for r, rec in enumerate(recs):
+        pred = sum(2 * sum(a2a_payloads([c[layer] for c in last], r, moe.hidden, 4)) + 8 * moe.experts
+                   for layer in range(moe.layers))
+        print(f"rank {r}: tokens per expert {rec['steps'][-1]['expert_tokens']}; all-to-all bytes counted "
+              f"{rec['final']['comm']['all_to_all']['bytes']:,}, predicted {pred:,}")
+
+
+_ep_demo()
