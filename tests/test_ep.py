@@ -217,6 +217,20 @@ def test_bad_ep_input_is_refused_before_launch(args, needle):
         plan(["--strategy", "ddp", *args])
 
 
+def test_a_router_asking_more_experts_than_exist_is_refused_before_launch(tmp_path):
+    import json
+
+    from coursekit.memory import preset, to_hf_config_dict
+    from coursekit.train.launcher import plan
+
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(to_hf_config_dict(preset("tiny-qwen3-moe")) | {"num_experts_per_tok": 5}))
+    with pytest.raises(ValueError, match="top_k 5 is more than the 4 experts"):
+        plan(["--strategy", "ddp", "--nproc", "2", "--model", str(path), "--ep", "2"])
+    with pytest.raises(ValueError, match="top_k 5 is more than the 4 experts"):
+        plan(["--strategy", "single", "--model", str(path)])
+
+
 def test_cli_refuses_ep_in_one_line_with_exit_2():
     import subprocess
 
