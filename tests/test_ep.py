@@ -114,8 +114,40 @@ def _worker() -> None:
     from coursekit import dist as ckdist
     from coursekit.launch import report
 
+    if len(sys.argv) > 1 and sys.argv[1] == "grads":
+        return _grads_worker(sys.argv[2:])
     with ckdist.session(seed=0) as info:
         report({name: _case(name, info.rank, info.world_size, dist.group.WORLD) for name in CASES})
+
+
+GRAD_ARGS = ["--model", "tiny-qwen3-moe", "--seq", "32", "--global-batch", "8", "--seed", "3",
+             "--router-aux-loss-coef", "0"]
+
+
+def _grads_worker(argv) -> None:
+    """One forward + backward of the trainer's model (its data for this rank, after the strategy's wrap): every
+    parameter's gradient as this rank holds it after the reduction, the expert slices' as slices."""
+    from coursekit import dist as ckdist
+    from coursekit.launch import report
+    from coursekit.options import parse
+    from coursekit.parallel.run import build_run
+
+    opts = parse([*GRAD_ARGS, *argv])
+    with ckdist.session(seed=3) as info:
+        run = build_run(info, opts)
+        st = run.strategy
+        for i, b in enumerate(run.micro_batches(0)):
+            st.backward(st.forward_loss(b), i, 1)
+        grads = {}
+        for name, p in st.model.named_parameters():
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            grads[name.replace("module.", "")] = g.double().flatten().tolist()
+        report({"rank": info.rank, "grads": grads})
+
+
+def _max_rel(a, b) -> float:
+    scale = max(1e-12, max(abs(x) for x in b))
+    return max(abs(x - y) for x, y in zip(a, b)) / scale
 
 
 def _expected_a2a(counts, n, k, cf):
@@ -152,6 +184,28 @@ def test_dispatch_and_combine_equal_transformers_experts(nproc, no_orphans):
 
 
 MOE = ("--router-aux-loss-coef", "0")
+
+
+@pytest.mark.parametrize("strategy, nproc, ep", [("ddp", 2, 2), ("ddp", 4, 2)])
+def test_every_gradient_equals_one_process(strategy, nproc, ep, no_orphans):
+    """Adam is blind to a uniformly scaled gradient (a missing 1/ep would still train 'equal to one process'), so
+    the gradients themselves: after one backward and the strategy's reduction, every dense parameter's gradient and
+    every expert slice's equal the one-process gradient (of the whole batch) and its slice, within 1e-6."""
+    from coursekit.launch import launch
+
+    me = str(Path(__file__).resolve())
+    one = launch(me, ["grads", "--strategy", "single"], nproc=1, timeout=180, stream=False).results[0]["grads"]
+    res = launch(me, ["grads", "--strategy", strategy, "--ep", str(ep)], nproc=nproc, timeout=180,
+                 stream=False).results
+    for rec in res:
+        slot = rec["rank"] % ep  # the EP coordinate: the innermost ep of the data-parallel ranks
+        assert set(rec["grads"]) == set(one)
+        for name, g in rec["grads"].items():
+            want = one[name]
+            if ".mlp.experts." in name:  # this rank's experts: a contiguous slice of dim 0
+                n = len(want) // ep
+                want = want[slot * n:(slot + 1) * n]
+            assert len(g) == len(want) and _max_rel(g, want) <= 1e-6, (rec["rank"], name, _max_rel(g, want))
 
 
 @pytest.mark.parametrize("strategy, nproc, ep, model", [
