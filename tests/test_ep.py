@@ -297,3 +297,21 @@ def test_cli_refuses_ep_in_one_line_with_exit_2():
 
 if __name__ == "__main__":
     sys.exit(_worker())
+
+
+def test_layout_shows_the_ep_groups_borrowed_from_the_data_ranks(capsys):
+    """``coursekit layout --ep`` (pure Python): EP groups are the innermost ep ranks of the loss group; the ranks
+    holding the same experts (ep_rest) are every ep-th; a degree that does not divide the loss ranks is refused."""
+    import json
+
+    from coursekit.layout_cli import main
+    from coursekit.parallel import ParallelDims
+
+    assert main(["--nproc", "8", "--ep", "2", "--tp", "2", "--strategy", "fsdp2", "--json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    assert [r["groups"]["ep"] for r in ranks[:4]] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [r["coords"]["ep"] for r in ranks] == [0, 0, 1, 1, 0, 0, 1, 1]
+    dims = ParallelDims(world_size=8, tp=2, ep=2, dp_flavour="shard")
+    assert dims.group(0, "ep_rest") == [0, 4] and dims.size("ep_rest") == 2 and dims.world_size == 8
+    with pytest.raises(ValueError, match="ep 3 does not divide the 8 ranks it borrows"):  # the CLI: exit 2
+        main(["--nproc", "8", "--ep", "3", "--strategy", "fsdp2"])
