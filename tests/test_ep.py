@@ -186,17 +186,20 @@ def test_dispatch_and_combine_equal_transformers_experts(nproc, no_orphans):
 MOE = ("--router-aux-loss-coef", "0")
 
 
-@pytest.mark.parametrize("strategy, nproc, ep", [("ddp", 2, 2), ("ddp", 4, 2)])
-def test_every_gradient_equals_one_process(strategy, nproc, ep, no_orphans):
+@pytest.mark.parametrize("strategy, nproc, ep, extra", [("ddp", 2, 2, ()), ("ddp", 4, 2, ()),
+                                                        ("ddp", 4, 2, ("--cp", "2"))],
+                         ids=["ddp2-ep2", "ddp4-ep2", "dp2xcp2-ep2"])
+def test_every_gradient_equals_one_process(strategy, nproc, ep, extra, no_orphans):
     """Adam is blind to a uniformly scaled gradient (a missing 1/ep would still train 'equal to one process'), so
     the gradients themselves: after one backward and the strategy's reduction, every dense parameter's gradient and
-    every expert slice's equal the one-process gradient (of the whole batch) and its slice, within 1e-6."""
+    every expert slice's equal the one-process gradient (of the whole batch) and its slice, within 1e-6; also with
+    context parallelism, whose ranks EP borrows as well."""
     from coursekit.launch import launch
 
     me = str(Path(__file__).resolve())
     one = launch(me, ["grads", "--strategy", "single"], nproc=1, timeout=180, stream=False).results[0]["grads"]
-    res = launch(me, ["grads", "--strategy", strategy, "--ep", str(ep)], nproc=nproc, timeout=180,
-                 stream=False).results
+    res = launch(me, ["grads", "--strategy", strategy, "--ep", str(ep), *extra], nproc=nproc, timeout=180,
+                 stream=False).results  # with --cp: EP borrows the context-parallel ranks too (loss = dp x cp)
     for rec in res:
         slot = rec["rank"] % ep  # the EP coordinate: the innermost ep of the data-parallel ranks
         assert set(rec["grads"]) == set(one)
