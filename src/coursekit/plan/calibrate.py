@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from coursekit.spec.families import LLAMA
+
 # a Llama of many small modules (8 layers of 16 wide, 75 parameter tensors, ~29k parameters; 256 tokens, the
 # trainer's synthetic data's vocabulary): its step is almost all per-op and per-module host work, so what a
 # strategy adds per op or per module stands out
@@ -68,8 +70,6 @@ def _dtensor_calibration() -> dict:
                 self.total += 1
                 self.dtensor += any(isinstance(a, DTensor) for a in pytree.tree_leaves((args, kwargs)))
                 return func(*args, **(kwargs or {}))
-
-        from coursekit.spec.families import LLAMA
 
         out = {}
         for name, sp in (("plain", None), ("tp", False), ("tp_sp", True)):

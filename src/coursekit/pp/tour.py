@@ -4,6 +4,8 @@ pipeline bubble of GPipe on 2 stages at m = 1 and 4 against (p−1)/(m+p−1). U
 3-minute budget): tests/test_cp_attention.py and the slow tier keep it."""
 from __future__ import annotations
 
+from coursekit.comm import volume
+from coursekit.memory import preset
 from coursekit.tour import Check
 
 MODULE, TITLE = 4, "Tensor, pipeline and context parallelism"  # found by coursekit.tour.discover()
@@ -23,9 +25,6 @@ def checks(tour) -> list[Check]:
 def ep_check(tour) -> Check:
     """tiny-qwen3-moe with its experts split over 2 ranks (DDP, --ep 2) against the same model on one process, and
     each rank's counted all-to-all bytes against coursekit.comm.volume.moe_all_to_all of the recorded counts."""
-    from coursekit.comm import volume
-    from coursekit.memory import preset
-
     moe = ("--model", "tiny-qwen3-moe", "--router-aux-loss-coef", "0")
     base = tour.losses(tour.train("single", 1, *moe)[0])
     recs = tour.train("ddp", 2, *moe, "--ep", "2", "--count-step")
