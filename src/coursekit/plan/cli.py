@@ -15,6 +15,9 @@ import json
 import sys
 
 from coursekit.memory.gpus import GiB
+from coursekit.spec.run import ATTENTION
+
+KERNEL = {"sdpa": "flash", "eager": "eager"}  # the trainer's attention name -> the planner's kernel model
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--network", default="ib-400", help="inter-node network preset: ib-400, ib-200, roce-200, ...")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
-    p.add_argument("--attention", default="flash", choices=("flash", "eager"),
-                   help="attention kernel the run uses: flash (no score matrix kept; default) or eager")
+    p.add_argument("--attention", default="sdpa", choices=ATTENTION,
+                   help="attention implementation, the trainer's names: sdpa (on a GPU its flash kernel: no score "
+                        "matrix kept; default) or eager (scores kept and moved through HBM)")
     p.add_argument("--top", type=int, default=5, help="how many to show (0: every candidate, with --json)")
     p.add_argument("--json", action="store_true", help="print candidates as a JSON list")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="memory vs predicted step time, Pareto front")
@@ -98,7 +102,7 @@ def main(argv=None) -> int:
         if args.hardware:
             hw, net = load_overrides(args.hardware, hw, net)
         common = dict(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq=args.seq, global_batch=args.global_batch,
-                      dtype=args.dtype, attention=args.attention, hw=hw, net=net)
+                      dtype=args.dtype, attention=KERNEL[args.attention], hw=hw, net=net)
         if args.top < 0:
             raise ValueError(f"--top must be >= 0, got {args.top}")
         for flag in ("gpus", "gpus_per_node", "seq", "global_batch", "ep"):
