@@ -224,6 +224,7 @@ def test_bench_profiling_overlap(tmp_path, no_orphans):
         assert all(0 <= r[f"overlap_rank{k}"] <= 100 for k in (0, 1)), r
 
 
+@pytest.mark.slow  # default-tier budget (~70 s: four launches); its EP run's checks are test_ep's trainer test
 def test_bench_moe(no_orphans):
     d = json.loads(bench("bench_moe.py", "--steps", "3", "--json"))
     assert all(0 < v["active"] < v["total"] for v in d["presets"].values())
