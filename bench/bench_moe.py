@@ -40,11 +40,9 @@ def ep_run(model: str) -> list[dict]:
     last = [r["steps"][-1]["expert_tokens"] for r in ranks]
     rows_out = []
     for q, r in enumerate(ranks):
-        f, want, rows = r["final"], 0, []
-        for layer in range(shape.layers):
-            send, recv = volume.expert_rows([c[layer] for c in last], ep)
-            want += volume.payload_bytes(volume.moe_all_to_all(send[q], recv[q], shape.hidden, shape.experts, ep))
-            rows.append(sum(recv[q]))
+        f = r["final"]
+        plan, rows = volume.moe_step(last, q, shape.hidden, shape.experts)
+        want = volume.payload_bytes(plan)
         reps = [activation_bytes(shape, f["micro_batch"], f["seq"], dtype="fp32", kernels="cpu", impl="hf",
                                  attention="sdpa", position_ids="per-sequence", ep=ep, expert_rows=x) for x in rows]
         rows_out.append({"rank": q, "rows_received": rows, "all_to_all_bytes": f["comm"]["all_to_all"]["bytes"],

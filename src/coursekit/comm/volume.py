@@ -275,6 +275,20 @@ def moe_all_to_all(send_rows, recv_rows, hidden: int, experts: int, ep: int, *, 
                   Collective("all_to_all", S, k, ep), Collective("all_to_all", R, k, ep)])
 
 
+def moe_step(group_counts, rank: int, hidden: int, experts: int, *, act_bytes: int = 4,
+             backward: bool = True) -> tuple[list[Collective], list[int]]:
+    """Every MoE layer's all-to-alls on EP rank ``rank`` in one micro-batch, from its EP group's router counts
+    (``group_counts[r][layer][e]``, rank r of the group, as the trainer's ``expert_tokens`` records them), and the rows
+    its experts received per layer (what ``coursekit.memory.activation_bytes(expert_rows=)`` takes)."""
+    ep = len(group_counts)
+    plan, rows = [], []
+    for layer in range(len(group_counts[0])):
+        send, recv = expert_rows([c[layer] for c in group_counts], ep)
+        plan += moe_all_to_all(send[rank], recv[rank], hidden, experts, ep, act_bytes=act_bytes, backward=backward)
+        rows.append(sum(recv[rank]))
+    return merge(plan), rows
+
+
 def textbook_table(num_params: int, world: int, *, bytes_per_elem: int = 2) -> dict[str, float]:
     """Bytes each rank sends per step for DDP / ZeRO-1 / ZeRO-2 / ZeRO-3, one micro-batch: the lecture table."""
     b = bytes_per_elem

@@ -46,7 +46,6 @@ class ExpertShard(nn.Module):
         self.act_fn = experts.act_fn
         self.group, self.size, self.capacity_factor = group, size, capacity_factor
         self.grad_scale = 1.0  # the trainer's EP sets 1/ep: see coursekit.parallel.split
-        self.counts: list[torch.Tensor] = []  # per forward: this rank's choices per expert (E,), before any drop
         self.dropped: list[int] = []  # per forward: choices dropped by the capacity
 
     def expert(self, e: int, rows: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -58,8 +57,7 @@ class ExpertShard(nn.Module):
         E, L, n = self.num_experts, self.local, self.size
         expert = top_k_index.reshape(-1)  # (T·k,): the expert of every (token, choice)
         order = torch.argsort(expert, stable=True)  # 1. grouped by expert, in token order inside each
-        counts = torch.bincount(expert, minlength=E)
-        self.counts.append(counts.detach())
+        counts = torch.bincount(expert, minlength=E)  # (the trainer records them at the router: measure.experts)
         if self.capacity_factor is not None:
             order, counts = self._cap(order, expert, counts, T * k)
         token = order // k

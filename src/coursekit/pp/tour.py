@@ -30,13 +30,7 @@ def ep_check(tour) -> Check:
     recs = tour.train("ddp", 2, *moe, "--ep", "2", "--count-step")
     worst = max(abs(a - b) for r in recs for a, b in zip(tour.losses(r), base))
     shape, last = preset("tiny-qwen3-moe"), [r["steps"][-1]["expert_tokens"] for r in recs]
-    want = []
-    for q in range(2):
-        total = 0
-        for layer in range(shape.layers):
-            send, recv = volume.expert_rows([c[layer] for c in last], 2)
-            total += volume.payload_bytes(volume.moe_all_to_all(send[q], recv[q], shape.hidden, shape.experts, 2))
-        want.append(total)
+    want = [volume.payload_bytes(volume.moe_step(last, q, shape.hidden, shape.experts)[0]) for q in range(2)]
     got = [r["final"]["comm"]["all_to_all"]["bytes"] for r in recs]
     return Check(4, "EP=2 (MoE) = 1 process; all-to-all bytes", f"= single; {' / '.join(f'{w:,}' for w in want)} B",
                  f"max |Δloss| {worst:.1e}; {' / '.join(f'{g:,}' for g in got)} B", worst <= 1e-5 and got == want)

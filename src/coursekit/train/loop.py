@@ -123,11 +123,11 @@ class _Loop:
         if ctx.dims.size("loss") > 1:
             dist.all_reduce(total, group=ctx.mesh["loss"].get_group())
         glob = total.tolist()
-        dropped = [sum(m.dropped) for m in strategy.model.modules() if hasattr(m, "dropped")]
+        dropped = []
         for m in strategy.model.modules():
-            if hasattr(m, "dropped"):
+            if hasattr(m, "dropped"):  # coursekit.ep.dispatch.ExpertShard: the choices its capacity dropped
+                dropped.append(sum(m.dropped))
                 m.dropped.clear()
-                m.counts.clear()
         aux = strategy.aux_losses
         strategy.aux_losses = []
         return {"expert_tokens": mine, "expert_tokens_all_ranks": glob, "expert_imbalance": imbalance(glob),
