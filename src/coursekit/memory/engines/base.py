@@ -60,10 +60,15 @@ class Engine:
 
     def states(self, shape, c, stage) -> tuple[StateBytes, int]:
         """(model-state bytes of ``stage`` on one rank, the data-parallel rank they are of)."""
-        st = self.state_bytes(stage.params, precision=c.precision, optimizer=c.optimizer, zero=c.zero,
+        st = self.state_bytes(self.sharded_params(stage), precision=c.precision, optimizer=c.optimizer, zero=c.zero,
                               shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params,
                               param_tensors=stage.tensors)
         return st, c.dp_rank if c.dp_rank is not None else 0
+
+    def sharded_params(self, stage) -> int:
+        """The parameters this engine's Ψ formula divides over its shard ranks: the stage's own (a sharding engine
+        with expert parallelism counts the expert slices ep times: ``Stage.shard_equivalent``)."""
+        return stage.params
 
     def counters(self, optimizer: str, param_tensors: int) -> int:
         """Bytes of torch's per-tensor fp32 ``step`` counters (Adam/AdamW), where the optimizer sees every tensor."""

@@ -47,10 +47,7 @@ class FSDP2(Engine):
         if c.qlora:
             return self._qlora_states(shape, c)
         if not self.exact(shape, c):
-            st = self.state_bytes(stage.shard_equivalent, precision=c.precision, optimizer=c.optimizer, zero=c.zero,
-                                  shard=c.shard_degree, offload=c.offload, offload_params=c.offload_params,
-                                  param_tensors=stage.tensors)
-            return st, c.dp_rank if c.dp_rank is not None else 0
+            return super().states(shape, c, stage)
         N, rank = c.shard_degree, c.dp_rank if c.dp_rank is not None else 0
         dims = param_dims(shape)
         padded = sum(-(-d0 // N) * rest for d0, rest in dims)
@@ -68,6 +65,9 @@ class FSDP2(Engine):
         self._padded_units = (c, unit_sizes(shape, shard=N))
         text = st.convention + f"; FSDP2's exact layout on shard rank {rank} of {N} (dim-0 padding)"
         return state_result(shards, 0.0, temps, cpu, 0.0, text), rank
+
+    def sharded_params(self, stage) -> int:
+        return stage.shard_equivalent  # the expert slices shard over the ep_rest ranks only
 
     def _qlora_states(self, shape, c):
         qlora.check(shape, c)
