@@ -173,7 +173,11 @@ def test_keyboard_interrupt_stops_every_process(tmp_path, no_orphans):
         time.sleep(600)
     """)
     (tmp_path / "job.py").write_text(code)
-    driver = (f"from coursekit.launch import launch\n"
+    # A kernel installs its own SIGINT handler. The driver does too: a suite started in the background (`cmd &`
+    # under a non-interactive shell, nohup, some CI runners) inherits SIGINT *ignored*, Python then installs no
+    # KeyboardInterrupt handler, and the signal this test sends would never arrive (the flake seen in session 9).
+    driver = (f"import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              f"from coursekit.launch import launch\n"
               f"launch({str(tmp_path / 'job.py')!r}, nproc=2, timeout=300, stream=False)\n")
     proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
