@@ -122,6 +122,7 @@ def test_bench_grading_lab1(no_orphans):
     assert row["status"] == "graded" and row["score"] > 0, row
 
 
+@pytest.mark.slow  # default-tier budget (~25 s); the same sbatch + torchrun path: test_slurm's multi-node training
 @pytest.mark.skipif(bool(can_run_slurm()), reason=f"bench_slurm.py starts a local Slurm: {can_run_slurm()}")
 def test_bench_slurm(tmp_path):
     out = tmp_path / "slurm.json"
@@ -197,6 +198,7 @@ def test_bench_parallel_bubbles(tmp_path, no_orphans):
     assert rows[("gpipe", 4)]["peak_saved_bytes"][0] > rows[("1f1b", 4)]["peak_saved_bytes"][0]
 
 
+@pytest.mark.slow  # default-tier budget (~30 s); the SIGKILL-and-resume path: test_elastic's bit-identical resume
 def test_bench_recovery_quick(tmp_path, no_orphans):
     """--quick: one SIGKILL-and-restart of DDP (lost steps within --save-every, recovery time positive) and DDP's MFU
     against the measured CPU peak (achieved / peak)."""
