@@ -91,7 +91,7 @@ def test_config_layout_is_the_trainers_mesh(kw, degrees, group):
     states over that mesh's group: FSDP2 over dp_shard x cp, ZeRO (and DDP's replicas) over the loss group."""
     from coursekit.memory import vocab
 
-    c = TrainConfig(**vocab.config_kwargs(dict(batch=1, seq=1024, **kw)))
+    c = vocab.config(dict(batch=1, seq=1024, **kw))
     dims = layout(c)
     assert dims.degrees == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, **degrees}
     assert c.shard_degree == dims.size(group) and c.world == dims.world_size

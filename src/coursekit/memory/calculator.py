@@ -162,19 +162,15 @@ def estimate(model, config: TrainConfig | None = None, **kwargs) -> Estimate:
     Give a run description (``estimate(RunSpec(model="llama3-8b", strategy="zero3", dp_replicate=8, micro_batch=1,
     seq=8192), kernels="cpu")``: keyword arguments then set only what the run does not say, the calculator's own
     knobs), a TrainConfig, or its fields as keyword arguments: ``estimate("llama3-8b", batch=1, seq=8192, zero=3,
-    dp=8)``, or the trainer's names for them (``coursekit.memory.vocab``): ``micro_batch=1, strategy="zero3",
-    dp_replicate=8``.
+    dp=8)``, or the trainer's names (``micro_batch=1, strategy="zero3", dp_replicate=8``), which are read into a
+    RunSpec and sized as one (``coursekit.memory.vocab``).
     """
     if isinstance(model, RunSpec):
         model, config = model.model, model
     if isinstance(config, RunSpec):
-        run = config.calculator()
-        both = sorted(set(run) & set(kwargs))
-        if both:
-            raise ConfigError(f"the run description already sets {', '.join(both)}; give them in the RunSpec")
-        config, kwargs = TrainConfig(**run, **kwargs), {}
+        config, kwargs = vocab.config_of(config, kwargs), {}
     shape = resolve_model(model)
-    c = config if config is not None else TrainConfig(**vocab.config_kwargs(kwargs))
+    c = config if config is not None else vocab.config(kwargs)
     if config is not None and kwargs:
         raise ConfigError("give either a TrainConfig or keyword arguments, not both")
     if c.ep > 1 and not shape.is_moe:

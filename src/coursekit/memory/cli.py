@@ -17,6 +17,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import fields
 
 from coursekit.memory import answers, vocab
 from coursekit.memory.activations import ATTENTION, CP_IMPLS, DTYPE_BYTES, IMPLS, KERNELS, POSITION_IDS, RECOMPUTE
@@ -117,7 +118,7 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
         if not math.isfinite(ns.runtime_gib) or ns.runtime_gib < 0:
             raise ConfigError(f"--runtime-gib must be a finite number >= 0, got {ns.runtime_gib}")
         kw["runtime_bytes"] = int(ns.runtime_gib * GiB)
-    return vocab.config_kwargs(kw)  # the trainer's names (--strategy, --dp-replicate, --dp-shard) -> TrainConfig's
+    return kw
 
 
 def _fsdp_kwargs(ns: argparse.Namespace) -> dict:
@@ -154,12 +155,20 @@ def run(ns: argparse.Namespace) -> dict | str:
     for k in need:
         if kw[k] is None:
             raise ConfigError(answers.missing_argument(k, ns.solve))
+    if ns.solve and not ns.gpu:
+        raise ConfigError("--solve needs --gpu")
+    if ns.solve == "min-gpus" and ns.dp_rank is not None:
+        raise ConfigError("--dp-rank does not combine with --solve min-gpus (it sizes for the fullest rank)")
+    if ns.solve == "max-batch":
+        kw["batch"] = 1  # a placeholder: the solver varies it
+    if ns.solve == "max-seq":
+        kw["seq"] = ns.cp * (ns.tp if ns.sp else 1)
+    # the command line read as one run (coursekit.spec.runspec.RunSpec, the trainer's names; the older ones read into
+    # it), sized with the calculator's own knobs beside it
+    cfg = vocab.config_of(*vocab.spec_of(kw, model=ns.model, always=True))
+    kw = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
     solution, given = None, dict(kw)
     if ns.solve:
-        if not ns.gpu:
-            raise ConfigError("--solve needs --gpu")
-        if ns.solve == "min-gpus" and ns.dp_rank is not None:
-            raise ConfigError("--dp-rank does not combine with --solve min-gpus (it sizes for the fullest rank)")
         if ns.solve == "max-batch":
             b = max_micro_batch(ns.model, **kw)
             solution = {"max_batch": b}

@@ -46,9 +46,8 @@ def max_micro_batch(model, gpu: str | None = None, *, limit: int = 1 << 20, **kw
     """Largest micro-batch whose peak fits ``gpu`` (0 if even one sequence does not). ``kwargs``: TrainConfig
     fields or the trainer's names (``seq`` required; ``batch`` is ignored)."""
     shape = resolve_model(model)
-    kwargs = vocab.config_kwargs(kwargs)
-    kwargs.pop("batch", None)
-    cfg = TrainConfig(batch=1, **kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("batch", "micro_batch")}
+    cfg = vocab.config({**kwargs, "batch": 1})
     cap = _capacity(cfg, gpu)
     return _largest(lambda b: _fits(shape, replace(cfg, batch=b), cap) is not None, 1, limit)
 
@@ -57,11 +56,10 @@ def max_seq_len(model, gpu: str | None = None, *, limit: int | None = None, mult
     """Largest sequence length (a multiple of ``multiple_of``, of cp and, with sp, of tp) whose peak fits ``gpu``;
     0 if none. ``limit`` defaults to the model's learned positions, or 2**24 tokens for RoPE models."""
     shape = resolve_model(model)
-    kwargs = vocab.config_kwargs(kwargs)
-    kwargs.pop("seq", None)
+    kwargs = {k: v for k, v in kwargs.items() if k != "seq"}
     cp, tp = kwargs.get("cp", 1), kwargs.get("tp", 1)
     unit = multiple_of * cp * (tp if kwargs.get("sp") else 1)
-    cfg = TrainConfig(seq=unit, **kwargs)
+    cfg = vocab.config({**kwargs, "seq": unit})
     cap = _capacity(cfg, gpu)
     limit = limit or (shape.max_positions if shape.positions == "learned" else 1 << 24)
     k = _largest(lambda m: _fits(shape, replace(cfg, seq=m * unit), cap) is not None, 1, max(1, limit // unit))
@@ -75,11 +73,11 @@ def min_gpus(model, gpu: str | None = None, *, max_gpus: int = 1 << 16, **kwargs
     without sharding, where more data-parallel ranks never lower per-rank memory).
     """
     shape = resolve_model(model)
-    kwargs = vocab.config_kwargs(kwargs)
-    kwargs.pop("dp", None)
-    kwargs.pop("world", None)
-    kwargs.pop("dp_rank", None)  # sized for the fullest rank
-    cfg = TrainConfig(dp=kwargs.get("hsdp_shard") or 1, **kwargs)  # dp must be a multiple of an HSDP shard group
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("dp", "world", "dp_rank")}  # sized for the fullest rank
+    if kwargs.get("hsdp_shard") and kwargs.get("dp_replicate") is None:
+        kwargs["dp"] = kwargs["hsdp_shard"]  # one shard group to start from
+    base = vocab.config(kwargs)
+    cfg = replace(base, dp=base.hsdp_shard or 1, world=None)  # dp must be a multiple of an HSDP shard group
     cap = _capacity(cfg, gpu)
     per_replica = cfg.tp * cfg.pp * cfg.cp
     max_dp = max(1, max_gpus // per_replica)

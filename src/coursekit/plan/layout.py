@@ -82,7 +82,7 @@ class Layout:
     @property
     def strategy(self) -> str:
         if self.engine == "deepspeed":
-            return f"zero{self.zero}" if self.zero else "ddp"
+            return f"zero{self.zero}"
         if self.engine == "fsdp2":
             return "hsdp" if self.dp_replicate > 1 and self.dp_shard > 1 else "fsdp2"
         return "ddp"
@@ -109,27 +109,21 @@ class Layout:
                    zero=zero or 0, sp=spec.sp, cp_impl=spec.cp_impl,
                    pp_schedule=spec.pp_schedule if d["pp"] > 1 else "1f1b")
 
-    def spec(self) -> RunSpec:
-        """The run this layout describes, in the run description's terms (its strategy, degrees, schedule)."""
+    def spec(self, **run) -> RunSpec:
+        """The run this layout describes, in the run description's terms (its strategy, degrees, schedule); ``run``
+        adds what a layout does not hold (model, seq, dtype, attention, grad_accum when microbatches is None)."""
+        pp = dict(pp_schedule=self.pp_schedule)
+        if self.virtual_stages > 1:  # interleaved 1F1B: more chunk micro-batches in flight than 1F1B
+            pp = dict(pp_schedule="interleaved-1f1b", pp_virtual=self.virtual_stages)
+        if self.microbatches is not None:
+            pp["grad_accum"] = self.microbatches
         return RunSpec(strategy=self.strategy, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
                        degrees={k: getattr(self, k) for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1},
                        micro_batch=self.micro_batch, recompute=self.recompute, cp_impl=self.cp_impl,
-                       pp_schedule=self.pp_schedule, sp=self.sp and self.tp > 1)
+                       sp=self.sp and self.tp > 1, **pp, **run)
 
     def dims(self) -> ParallelDims:
         return self.spec().dims()
-
-    def memory_kwargs(self) -> dict:
-        """Keyword arguments for ``coursekit.memory.estimate`` (its TrainConfig names)."""
-        kw = dict(batch=self.micro_batch, recompute=self.recompute, dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
-                  ep=self.ep,
-                  sp=self.sp and self.tp > 1, zero=self.zero, engine=self.engine,
-                  pp_schedule=self.pp_schedule, microbatches=self.microbatches)
-        if self.virtual_stages > 1:  # interleaved 1F1B: more chunk micro-batches in flight than 1F1B
-            kw |= {"pp_schedule": "interleaved-1f1b", "pp_virtual": self.virtual_stages}
-        if self.engine == "fsdp2" and self.dp_replicate > 1:
-            kw["hsdp_shard"] = self.dp_shard
-        return kw
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -79,18 +79,17 @@ class _Evaluator:
         self.closest: tuple | None = None  # (extra bytes, layout) of the best non-fitting layout
 
     def peak(self, L: Layout) -> int:
-        m = self.B // (L.dp * L.micro_batch)
-        kw = L.memory_kwargs()
-        kw["microbatches"] = m
-        key = tuple(sorted(kw.items()))
+        flash = self.attention == "flash"
+        spec = replace(L, microbatches=self.B // (L.dp * L.micro_batch), cp_impl="ring").spec(
+            seq=self.seq, dtype=self.dtype, attention="sdpa" if flash else "eager")
+        key = tuple(sorted(spec.calculator().items()))
         if key not in self.cache:
-            impl = dict(impl="fused", attention="sdpa") if self.attention == "flash" else dict(impl="hf",
-                                                                                                attention="eager")
-            # a pipeline runtime that keeps only in-flight micro-batches' inputs (Megatron-LM, DeepSpeed): torch's
-            # pipelining (2.13) keeps every micro-batch's receive buffer for the step, which at hundreds of
-            # micro-batches is tens of GiB (`coursekit memory --pp-runtime torch`, the default, counts it)
-            self.cache[key] = estimate(self.shape, seq=self.seq, dtype=self.dtype, pp_runtime="megatron", **impl,
-                                       **kw).peak_bytes
+            # the planner prices mixed precision as Megatron-LM runs it for every engine (16 bytes per parameter, 16Ψ),
+            # not the trainer's CPU autocast; a pipeline runtime that keeps only in-flight micro-batches' inputs
+            # (Megatron-LM, DeepSpeed): torch's pipelining (2.13) keeps every micro-batch's receive buffer for the
+            # step, which at hundreds of micro-batches is tens of GiB (`coursekit memory --pp-runtime torch`)
+            self.cache[key] = estimate(self.shape, spec, impl="fused" if flash else "hf", pp_runtime="megatron",
+                                       precision=None if self.dtype == "fp32" else "16psi").peak_bytes
         peak = self.cache[key]
         if peak > self.capacity and (self.closest is None or peak - self.capacity < self.closest[0]):
             self.closest = (peak - self.capacity, L)

@@ -279,10 +279,10 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
     elif L.dp * cp > 1:
         grad_b = stage_params * gbytes
         bucket = min(grad_b, DDP_BUCKET if L.engine == "ddp" else DS_BUCKET)
-        op = "all_reduce" if L.strategy == "ddp" else "reduce_scatter"
+        op = "all_reduce" if L.zero == 0 else "reduce_scatter"  # DDP and ZeRO-0 all-reduce
         red = links.time(op, grad_b, dp_axes, 1)
         exposed_red = max(red * bucket / grad_b, red - bwd_window)  # at least the last bucket
-        if L.strategy == "ddp":
+        if L.zero == 0:
             step_dp = exposed_red
         else:  # ZeRO-1/2 all-gather the updated parameters after the step; ZeRO-2 reduces every micro-batch
             gath = links.time("all_gather", stage_params * pbytes, dp_axes, 1)
