@@ -390,6 +390,8 @@ def test_dtensor_op_counts_stated_in_the_model_are_what_torch_runs(dtensor_cost)
     assert dtensor_cost["tp_layer_ops"] == steptime.DTENSOR_OPS_TP_LAYER
     assert dtensor_cost["tp_sp_layer_ops"] == steptime.DTENSOR_OPS_SP_LAYER
     assert dtensor_cost["opt_ops_per_dtensor_param"] == steptime.DTENSOR_OPT_OPS
+    plain = dtensor_cost["raw"]["plain"]  # the trainer's AdamW (coursekit.parallel.api.adamw): ops per tensor
+    assert plain["opt_ops"] // plain["params"] == steptime.OPT_OPS_PER_TENSOR
     assert dtensor_cost["per_op_ops"] > 1  # a DTensor op costs more than another plain op on top of its own
 
 

@@ -53,6 +53,7 @@ def _dtensor_calibration() -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from coursekit.models import build_model
+    from coursekit.parallel.api import adamw
     from coursekit.tp.plan import TensorParallel
 
     torch.set_num_threads(1)
@@ -78,7 +79,7 @@ def _dtensor_calibration() -> dict:
                 tp = TensorParallel.__new__(TensorParallel)  # the plan without a trainer context
                 tp.sp, tp.family = sp, LLAMA  # the calibration model is Llama-shaped
                 tp.apply_lm(model, mesh, 1, 0)
-            opt = torch.optim.AdamW(model.parameters(), foreach=False)
+            opt = adamw(model.parameters(), lr=1e-3)  # the trainer's optimizer (the course's betas, eps, no decay)
 
             def step():
                 model(input_ids=ids, use_cache=False).logits.float().mean().backward()
@@ -94,7 +95,8 @@ def _dtensor_calibration() -> dict:
                 opt_step()
             out[name] = {"ops": c.total, "dtensor_ops": c.dtensor, "opt_ops": o.total, "opt_dtensor_ops": o.dtensor,
                          "t": _median_time(step), "t_opt": _median_time(opt_step),
-                         "dtensor_params": sum(isinstance(p, DTensor) for p in model.parameters())}
+                         "dtensor_params": sum(isinstance(p, DTensor) for p in model.parameters()),
+                         "params": len(list(model.parameters()))}
         return out
     finally:
         dist.destroy_process_group()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from coursekit.spec import registry
 from coursekit.spec.dims import ParallelDims
 from coursekit.spec.runspec import RunSpec
 
@@ -150,8 +151,6 @@ _INT = {"dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "micro_batch", "zero
 
 def _strategy(out: dict) -> None:
     """``strategy=NAME`` in a --layout: the engine and ZeRO stage its registry entry names (given ones must agree)."""
-    from coursekit.spec import registry
-
     name = out.pop("strategy")
     e = registry.STRATEGIES.get(name)
     if e is None:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
+from coursekit.plan import steptime
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network, collectives_from_rows
 
 
@@ -144,7 +145,8 @@ def host_hardware(compute: dict | list, coll: dict, nproc: int = 2, *, zero3: di
                   peak_flops={"fp32": c["r_big"] / (big / (big + h)) ** 3},
                   hbm_bw=c["mem"] / HBM_FRACTION, link_bw=bw_ar, link_fraction=1.0, link_latency_s=alpha_ar,
                   hop_latency_s=0.0, gemm_fraction=1.0, gemm_half_dim=max(1, round(h)), attn_fraction=0.5,
-                  kernel_floor_s=c["floor"], overlap=0.0, optimizer_ops_per_tensor=10, loss_sync=True,
+                  kernel_floor_s=c["floor"], overlap=0.0, optimizer_ops_per_tensor=steptime.OPT_OPS_PER_TENSOR,
+                  loss_sync=True,
                   zero3_hook_s=zero3["per_tensor_ops"] * c["floor"] if zero3 else Hardware.zero3_hook_s,
                   dtensor_op_s=dtensor["per_op_ops"] * c["floor"] if dtensor else Hardware.dtensor_op_s,
                   dtensor_opt_op_s=dtensor["per_opt_op_ops"] * c["floor"] if dtensor else Hardware.dtensor_opt_op_s,

@@ -56,17 +56,20 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 E_H = 32  # hidden-vector reads+writes per token per layer, fwd+bwd (2 norms, 2 residuals, rotary, dropout, casts)
 E_F = 8  # MLP-width reads+writes per token per layer (activation fn and gate product, fwd+bwd)
 # Kernels (aten ops) per step, counted with a TorchDispatchMode on HF LlamaForCausalLM (transformers 5, sdpa):
-# 211 per layer forward + backward (73 + 138), 79 for embedding, head and loss, 10 per parameter tensor in torch's
-# single-tensor AdamW. Each costs at least kernel_floor_s: what a tiny model is made of; a large one never notices.
+# 211 per layer forward + backward (73 + 138), 79 for embedding, head and loss, 9 per parameter tensor in the
+# trainer's single-tensor AdamW (no weight decay). Each costs at least kernel_floor_s: what a tiny model is made of;
+# a large one never notices.
 OPS_PER_LAYER = 211
 OPS_OUTSIDE_LAYERS = 79
+OPT_OPS_PER_TENSOR = 9
 # DTensor ops (an aten op with a DTensor argument: sharding propagation and unwrap/rewrap on the host, each
 # Hardware.dtensor_op_s beyond its plain cost), counted the same way (calibrate.dtensor_op_cost) with the course's
 # TP plan (coursekit.tp.plan): per layer forward + backward, without / with sequence parallelism; and per DTensor
-# parameter in the single-tensor AdamW step (8 of its 10 ops touch the parameter, gradient or states).
+# parameter in the trainer's single-tensor AdamW step (no weight decay: 7 ops touch the parameter, gradient or
+# states; torch's default decay of 0.01 would add the 8th).
 DTENSOR_OPS_TP_LAYER = 94
 DTENSOR_OPS_SP_LAYER = 144
-DTENSOR_OPT_OPS = 8
+DTENSOR_OPT_OPS = 7
 LOSS_PASSES = 6  # fp32 logits: upcast, log-softmax, its backward
 SCORE_PASSES = 12  # eager attention: s x s scores written/read by scale, mask, softmax, dropout, fwd + bwd
 OPT_BYTES = 32  # AdamW per parameter: fp32 master, m, v read + write (24), fp32 grad read (4), bf16 param (2+2)
