@@ -36,7 +36,7 @@ from collections import defaultdict
 from functools import lru_cache
 
 from coursekit.memory.errors import ConfigError
-from coursekit.spec.schedules import SCHEDULES, stages_of
+from coursekit.spec.schedules import SCHEDULES, SINGLE_STAGE, stages_of
 
 
 class RoundsError(ConfigError):
@@ -57,7 +57,7 @@ def order(schedule: str, pp: int, rank: int, m: int, v: int | None = None) -> li
 def _order(schedule: str, pp: int, rank: int, m: int, v: int) -> tuple:
     if schedule not in MODELLED:
         raise ConfigError(f"pipeline schedule {schedule!r}: the order is modelled for {', '.join(MODELLED)}")
-    if schedule in ("gpipe", "1f1b") and v != 1:
+    if schedule in SINGLE_STAGE and v != 1:
         raise ConfigError(f"{schedule} keeps one stage per rank, not {v}")
     if schedule in V_SHAPE and v != 2:
         raise ConfigError(f"{schedule} keeps exactly two stages per rank (a V), not {v}")

@@ -148,15 +148,7 @@ class TrainConfig:
             s(k, positive_int(k, getattr(self, k)))
         if self.pp_virtual is not None:
             s("pp_virtual", positive_int("pp_virtual", self.pp_virtual))
-            if self.pp_schedule in ("gpipe", "1f1b") and self.pp_virtual != 1:
-                raise ConfigError(f"pp_schedule {self.pp_schedule} keeps one stage per rank (pp_virtual 1, not "
-                                  f"{self.pp_virtual}); interleaved-1f1b or looped-bfs keep several")
-            if self.pp_schedule not in ("gpipe", "1f1b") and self.pp_virtual < 2:
-                raise ConfigError(f"pp_schedule {self.pp_schedule} keeps several stages per rank: pp_virtual >= 2 "
-                                  f"(with one, use 1f1b or gpipe)")
-            if self.pp_schedule in pp_order.V_SHAPE and self.pp_virtual != 2:
-                raise ConfigError(f"pp_schedule {self.pp_schedule} keeps exactly two stages per rank in a V "
-                                  f"(pp_virtual 2, not {self.pp_virtual})")
+            self._check_pp_virtual()
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ConfigError(f"zero stage must be 0, 1, 2 or 3, got {self.zero!r}")
         model_par = self.tp * self.pp * self.cp
@@ -198,6 +190,18 @@ class TrainConfig:
         s("runtime_bytes", positive_int("runtime_bytes", self.runtime_bytes, allow_zero=True))
         s("bucket_elems", positive_int("bucket_elems", self.bucket_elems))
         self._check_fsdp_options(s)
+
+    def _check_pp_virtual(self):
+        one = self.pp_schedule in pp_order.SINGLE_STAGE
+        if one and self.pp_virtual != 1:
+            raise ConfigError(f"pp_schedule {self.pp_schedule} keeps one stage per rank (pp_virtual 1, not "
+                              f"{self.pp_virtual}); interleaved-1f1b or looped-bfs keep several")
+        if not one and self.pp_virtual < 2:
+            raise ConfigError(f"pp_schedule {self.pp_schedule} keeps several stages per rank: pp_virtual >= 2 "
+                              f"(with one, use 1f1b or gpipe)")
+        if self.pp_schedule in pp_order.V_SHAPE and self.pp_virtual != 2:
+            raise ConfigError(f"pp_schedule {self.pp_schedule} keeps exactly two stages per rank in a V "
+                              f"(pp_virtual 2, not {self.pp_virtual})")
 
     def _check_fsdp_options(self, s) -> None:
         r = self.fsdp_reshard

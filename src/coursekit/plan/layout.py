@@ -17,10 +17,11 @@ from dataclasses import asdict, dataclass, fields
 from coursekit.spec import registry
 from coursekit.spec.dims import ParallelDims
 from coursekit.spec.runspec import RunSpec
+from coursekit.spec.schedules import SINGLE_STAGE
 
 ENGINES = ("ddp", "deepspeed", "fsdp2")
 RECOMPUTE = ("none", "selective", "full")
-PP_SCHEDULES = ("1f1b", "gpipe")
+PP_SCHEDULES = SINGLE_STAGE  # with virtual_stages > 1, 1f1b is interleaved 1F1B
 CP_IMPLS = ("ring", "ulysses")
 
 

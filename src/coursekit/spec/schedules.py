@@ -17,6 +17,9 @@ SCHEDULES = {
     "dualpipev": ("ScheduleDualPipeV", 2, "v"),
 }
 
+SINGLE_STAGE = tuple(k for k, (_, v, _) in SCHEDULES.items() if v == 1)
+"""Schedules that keep one stage per rank (gpipe, 1f1b); the others keep several (``--pp-virtual``)."""
+
 # zero-bubble schedules: each backward split into an input pass (B) and a weight pass (W) run later
 SPLIT_BACKWARD = ("interleaved-zb", "zbv", "dualpipev")
 
