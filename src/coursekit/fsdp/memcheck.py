@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from coursekit.measure.states import param_kind_bytes, tensor_bytes  # the one storage walk (imports torch)
+
 
 def measure(*, model: str = "tiny-llama", shard: int = 2, rank: int = 0, reshard: bool | int = True,
             offload: bool = False, batch: int = 2, seq: int = 32, seed: int = 0, qlora: dict | None = None) -> dict:
@@ -112,16 +114,14 @@ class _UnitProbe:
         for g in self.groups:
             for fp in g.fsdp_params:
                 if fp.sharded_state == ShardedState.UNSHARDED:
-                    gathered += sum(t.untyped_storage().nbytes() for t in fp.all_gather_outputs)
+                    gathered += tensor_bytes(fp.all_gather_outputs)
                 elif fp.sharded_state == ShardedState.SHARDED_POST_FORWARD:
-                    post_forward += fp._sharded_post_forward_param_data.untyped_storage().nbytes()
+                    post_forward += tensor_bytes([fp._sharded_post_forward_param_data])
         return {"gathered": gathered, "post_forward": post_forward, "total": gathered + post_forward}
 
 
 def _by_kind(m) -> dict:
     """QLoRA: this rank's NF4 inner tensors (data, scalers, factors, mean, table), frozen rest and adapters."""
-    from coursekit.measure.states import param_kind_bytes
-
     return param_kind_bytes(m)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from coursekit.measure.states import tensor_bytes
+
 
 def describe(model: torch.nn.Module) -> list[dict]:
     """One row per parameter: what it is globally and what this rank keeps of it."""
@@ -23,10 +25,10 @@ def describe(model: torch.nn.Module) -> list[dict]:
             rows.append({"name": name, "placements": tuple(repr(x) for x in p.placements),
                          "global_shape": tuple(p.shape), "local_shape": tuple(local.shape),
                          "mesh": " x ".join(f"{a}({s})" for a, s in zip(axes, mesh.shape)),
-                         "bytes": local.untyped_storage().nbytes(), "dtype": str(p.dtype).removeprefix("torch.")})
+                         "bytes": tensor_bytes([local]), "dtype": str(p.dtype).removeprefix("torch.")})
         else:
             rows.append({"name": name, "placements": ("plain tensor",), "global_shape": tuple(p.shape),
-                         "local_shape": tuple(p.shape), "mesh": "-", "bytes": p.untyped_storage().nbytes(),
+                         "local_shape": tuple(p.shape), "mesh": "-", "bytes": tensor_bytes([p]),
                          "dtype": str(p.dtype).removeprefix("torch.")})
     return rows
 
