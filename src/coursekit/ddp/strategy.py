@@ -33,6 +33,10 @@ class Single(Strategy):
 class DDP(Strategy):
     name = "ddp"
 
+    @classmethod
+    def wraps_stages(cls, dims) -> bool:
+        return dims.size("loss") > 1 or dims.tp > 1  # one replica and no DTensors: nothing to average (wrap)
+
     def wrap(self, model):
         from torch.distributed.tensor import DTensor
 

@@ -98,6 +98,12 @@ class Strategy:
 
     why_not: dict = {}
 
+    @classmethod
+    def wraps_stages(cls, dims) -> bool:
+        """Whether this strategy wraps each pipeline stage's module in its data-parallel machinery on ``dims`` (the
+        zero-bubble schedules need bare stages: coursekit.pp asks)."""
+        return True
+
     def __init__(self, ctx: Context):
         self.ctx, self.opts = ctx, ctx.opts
         self.info = ctx.info

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from coursekit.pp import SCHEDULES, SPLIT_BACKWARD, PipelineOptions, stages_of
+from coursekit.spec import registry
 from coursekit.spec.families import LLAMA, plan_for
 
 
@@ -121,8 +122,7 @@ class Pipeline:
                              "across the first and last stage, which this pipeline does not do")
         kind = opts.of(PipelineOptions).pp_schedule
         _, v, _ = SCHEDULES[kind]
-        wrapped = opts.parallel.strategy != "ddp" or dims.size("loss") > 1 or dims.tp > 1
-        if kind in SPLIT_BACKWARD and wrapped:
+        if kind in SPLIT_BACKWARD and registry.get(opts.parallel.strategy).wraps_stages(dims):
             raise ValueError(f"--pp-schedule {kind} splits each backward into input and weight gradients, and its "
                              "weight step does not find the parameters behind a data-parallel wrap: torch 2.13's "
                              "stage_backward_weight (pipelining/_backward.py) keys each weight by the AccumulateGrad "
