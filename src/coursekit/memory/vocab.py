@@ -96,9 +96,7 @@ def _strategy(kw: dict, knobs: dict) -> tuple[str, int | None]:
             raise ConfigError(f"zero stages are DeepSpeed's; engine {engine!r} needs zero 0")
         if stages and (zero or 0) not in stages:
             raise ConfigError(f"zero stage must be {', '.join(map(str, stages))}, got {zero!r}")
-        want = (zero or 0) if stages else None
-        strategy = next(n for n, e in registry.STRATEGIES.items() if e.engine == engine and e.world == "any"
-                        and e.flavour != "hybrid" and e.zero == want)
+        strategy = registry.strategy_for(engine, zero)
         if registry.STRATEGIES[strategy].amp and kw.get("dtype", "bf16") != "fp32" and "precision" not in kw:
             knobs["precision"] = "16psi"  # --engine ddp keeps 16Ψ; the trainer's ddp (autocast) is --strategy ddp
         return strategy, None

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from coursekit.spec import registry
+from coursekit.spec import registry, run
 from coursekit.spec.dims import ParallelDims
 from coursekit.spec.runspec import RunSpec
 from coursekit.spec.schedules import SINGLE_STAGE
 
-ENGINES = ("ddp", "deepspeed", "fsdp2")
-RECOMPUTE = ("none", "selective", "full")
+ENGINES = tuple(dict.fromkeys(e.engine for e in registry.STRATEGIES.values() if e.engine))  # ddp, deepspeed, fsdp2
+RECOMPUTE = run.RECOMPUTE
 PP_SCHEDULES = SINGLE_STAGE  # with virtual_stages > 1, 1f1b is interleaved 1F1B
-CP_IMPLS = ("ring", "ulysses")
+CP_IMPLS = run.CP_IMPLS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,11 +83,8 @@ class Layout:
 
     @property
     def strategy(self) -> str:
-        if self.engine == "deepspeed":
-            return f"zero{self.zero}"
-        if self.engine == "fsdp2":
-            return "hsdp" if self.dp_replicate > 1 and self.dp_shard > 1 else "fsdp2"
-        return "ddp"
+        return registry.strategy_for(self.engine, self.zero, hybrid=self.engine == "fsdp2" and self.dp_replicate > 1
+                                     and self.dp_shard > 1)
 
     @property
     def shards_params(self) -> bool:
@@ -111,8 +108,8 @@ class Layout:
                    zero=zero or 0, sp=spec.sp, cp_impl=spec.cp_impl,
                    pp_schedule=spec.pp_schedule if d["pp"] > 1 else "1f1b")
 
-    def spec(self, **run) -> RunSpec:
-        """The run this layout describes, in the run description's terms (its strategy, degrees, schedule); ``run``
+    def spec(self, **extra) -> RunSpec:
+        """The run this layout describes, in the run description's terms (its strategy, degrees, schedule); ``extra``
         adds what a layout does not hold (model, seq, dtype, attention, grad_accum when microbatches is None)."""
         pp = dict(pp_schedule=self.pp_schedule)
         if self.virtual_stages > 1:  # interleaved 1F1B: more chunk micro-batches in flight than 1F1B
@@ -122,7 +119,7 @@ class Layout:
         return RunSpec(strategy=self.strategy, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
                        degrees={k: getattr(self, k) for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1},
                        micro_batch=self.micro_batch, recompute=self.recompute, cp_impl=self.cp_impl,
-                       sp=self.sp and self.tp > 1, **pp, **run)
+                       sp=self.sp and self.tp > 1, **pp, **extra)
 
     def dims(self) -> ParallelDims:
         return self.spec().dims()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from coursekit.comm.volume import busbw_factor
+from coursekit.spec.dims import AXES
 
 
 def _ring_steps(op: str, n: int) -> int:
@@ -18,11 +19,10 @@ def _ring_steps(op: str, n: int) -> int:
 class Links:
     """Which link a process group uses, from its place in the mesh (ParallelDims order) and the node size."""
 
-    ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    ORDER = AXES  # the mesh's axes, outermost first (coursekit.spec.dims, from the registry's mesh places)
 
     def __init__(self, layout: Layout, cluster: Cluster):
-        self.deg = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
-                    "cp": layout.cp, "tp": layout.tp}
+        self.deg = {a: getattr(layout, a, 1) for a in AXES}  # an axis the planner does not search has degree 1
         self.ep = layout.ep
         self.c = cluster
         self._memo: dict = {}
