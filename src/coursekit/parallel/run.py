@@ -1,12 +1,13 @@
-"""A run set up the one way: the trainer's loop and every probe (``tp.probe``, ``pp.probe``, ``zero.sweep``) build
-it here, so what a probe measures is the model the trainer trains.
+"""A run set up the one way: the trainer's loop and every probe (``tp.probe``, ``pp.probe``, ``zero.sweep``) and
+Accelerate's run (``zero.accel_train``) build it here, so what a probe measures is the model the trainer trains.
 
     run = build_run(info, opts)          # validate + mesh, the strategy, the model (same init on every rank),
                                          # the parallelisms in their order, the strategy's wrap and optimizer
     run.strategy.train_step(run.micro_batches(step))
 
 ``setup=False`` stops after the parallelisms (a probe that measures the model without a data-parallel wrap);
-``strategy=`` picks another strategy class than ``--strategy`` names (a probe's own).
+``strategy=`` picks another strategy class than ``--strategy`` names (a probe's own); ``ctx=`` a Context built
+elsewhere (``zero.accel_train``: Accelerate owns the process group, no mesh).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class Run:
                              device=self.ctx.info.device)
 
 
-def build_run(info, opts, *, strategy=None, setup: bool = True) -> Run:
+def build_run(info, opts, *, strategy=None, setup: bool = True, ctx=None) -> Run:
     """Validate ``opts`` for this process group and build everything a step needs (see the module docstring)."""
     from coursekit.data import make_dataset
     from coursekit.models import build_model
@@ -42,7 +43,7 @@ def build_run(info, opts, *, strategy=None, setup: bool = True) -> Run:
     from coursekit.spec import registry
 
     t = opts.train
-    ctx = Context.for_run(info, opts)
+    ctx = ctx or Context.for_run(info, opts)
     strat = (strategy or registry.get(opts.parallel.strategy))(ctx)
     model = build_model(t.model, attention=t.attention, seed=t.seed)  # same init on every rank
     num_params = sum(p.numel() for p in model.parameters())

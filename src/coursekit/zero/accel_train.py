@@ -84,14 +84,11 @@ def main(argv=None) -> int:
         import deepspeed
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no 60-120 s JIT build of a CPU comm op
-    import torch
     import torch.distributed as dist
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, set_seed
 
-    from coursekit.data import make_dataset, micro_batches
     from coursekit.launch import report
-    from coursekit.models import build_model
 
     handlers = [InitProcessGroupKwargs(backend="gloo", timeout=datetime.timedelta(seconds=300))] if a.gloo else []
     acc = Accelerator(kwargs_handlers=handlers)
@@ -103,6 +100,7 @@ def main(argv=None) -> int:
     from coursekit.options import build
     from coursekit.parallel import ParallelDims
     from coursekit.parallel.api import Context, Strategy
+    from coursekit.parallel.run import build_run
 
     class Accelerated(Strategy):
         """The trainer's step (``train_step``) with Accelerate's two calls: prepare() wraps, backward() reduces."""
@@ -119,18 +117,18 @@ def main(argv=None) -> int:
     info = DistInfo(rank=rank, world_size=world, local_rank=acc.local_process_index,
                     local_world_size=world, backend=dist.get_backend() if dist.is_initialized() else "none", device=str(acc.device),
                     source="accelerate")
-    strat = Accelerated(Context(info=info, dims=ParallelDims(world_size=world), mesh=None, opts=opts))
     if acc.distributed_type.value == "DEEPSPEED":
         acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
     set_seed(a.seed)
-    strat.setup(build_model(a.model, seed=a.seed))  # same init on every rank, as the trainer
+    # the trainer's set-up (coursekit.parallel.run): same init on every rank, the same data; Accelerate owns the
+    # process group, so the Context has no mesh
+    run = build_run(info, opts, strategy=Accelerated,
+                    ctx=Context(info=info, dims=ParallelDims(world_size=world), mesh=None, opts=opts))
     set_seed(a.seed + rank)
-    model = strat.model
-    ds = make_dataset("synthetic", seq_len=a.seq + 1, num_samples=max(256, 4 * a.global_batch), seed=a.seed)
+    model = run.strategy.model
     losses = []
     for step in range(a.steps):
-        mbs = micro_batches(ds, step, micro_batch=micro, grad_accum=1, rank=rank, world=world, device=acc.device)
-        mean = strat.train_step(mbs).clone()
+        mean = run.strategy.train_step(run.micro_batches(step)).clone()
         if dist.is_initialized():
             dist.all_reduce(mean)
         losses.append(mean.item() / world)
