@@ -172,6 +172,18 @@ def test_each_virtual_stage_count_is_pruned_on_its_own_memory():
     assert any(L.pp == 8 and L.tp == 1 and L.zero == 1 and L.virtual_stages == 4 and L.dp == 4 for L in found)
 
 
+def test_a_ulysses_layout_is_sized_as_ulysses_and_selective_recompute_is_skipped():
+    """The planner sizes a layout's own context-parallel kernel: Ulysses saves the attention output twice (and a
+    replicated K/V head when kv_heads < cp), so it holds more than ring attention at the same degrees; and a search
+    does not stop at a recompute the calculator does not model under Ulysses (selective)."""
+    args = dict(gpus=8, gpus_per_node=8, gpu="H100-80GB", seq=4096, global_batch=64)
+    base = dict(tp=2, cp=2, dp_shard=2, engine="fsdp2", micro_batch=1)
+    ring, ulysses = (evaluate("llama3-8b", dict(base, cp_impl=impl), **args) for impl in ("ring", "ulysses"))
+    assert ulysses.peak_bytes > ring.peak_bytes, (ring.peak_bytes, ulysses.peak_bytes)
+    found = plan("llama3-8b", **args, fixed={"cp_impl": "ulysses", "cp": 2})
+    assert found and {c.layout.recompute for c in found} <= {"none", "full"}
+
+
 def test_groups_sit_on_nvlink_or_the_network_by_mesh_order():
     L = Layout(tp=8, pp=4, dp_replicate=4)  # 128 GPUs, 16 nodes
     links = Links(L, _cluster(128))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from coursekit.memory import estimate, resolve_model
+from coursekit.memory import ConfigError, estimate, resolve_model
 from coursekit.memory.gpus import GiB
 from coursekit.memory.pp_order import RoundsError
 from coursekit.parallel import LayoutError, check_model
@@ -80,7 +80,7 @@ class _Evaluator:
 
     def peak(self, L: Layout) -> int:
         flash = self.attention == "flash"
-        spec = replace(L, microbatches=self.B // (L.dp * L.micro_batch), cp_impl="ring").spec(
+        spec = replace(L, microbatches=self.B // (L.dp * L.micro_batch)).spec(
             seq=self.seq, dtype=self.dtype, attention="sdpa" if flash else "eager")
         key = tuple(sorted(spec.calculator().items()))
         if key not in self.cache:
@@ -234,6 +234,8 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
                 try:
                     c = ev.candidate(L)
                 except RoundsError:  # interleaved 1F1B with micro-batches torch cannot split into rounds
+                    continue
+                except ConfigError:  # a recompute the calculator does not model here (selective under Ulysses)
                     continue
                 if not c.fits:
                     if keep_unfit:
