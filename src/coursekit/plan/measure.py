@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from coursekit.plan import steptime
@@ -193,16 +193,9 @@ class TrainerRun:
         extra = "".join(f" {k}{getattr(self, k)}" for k in ("tp", "pp", "cp") if getattr(self, k) > 1)
         return f"{self.strategy}{extra}{' sp' if self.sp and self.tp > 1 else ''} x{self.nproc}"
 
-    def args(self) -> list[str]:
-        a = ["--strategy", self.strategy] + [x for k in ("tp", "pp", "cp", "grad_accum") if getattr(self, k) > 1
-                                              for x in (f"--{k.replace('_', '-')}", str(getattr(self, k)))]
-        if self.strategy == "hsdp":
-            a += ["--dp-shard", str(self.dp_shard), "--dp-replicate", str(self.dp // self.dp_shard)]
-        if self.pp > 1:
-            a += ["--pp-schedule", self.pp_schedule]
-        if self.cp > 1:
-            a += ["--cp-impl", self.cp_impl]
-        return a + (["--sp"] if self.sp and self.tp > 1 else [])
+    def args(self, *, model: str, seq: int, global_batch: int) -> list[str]:
+        """``coursekit train`` arguments of this run: its RunSpec's (``RunSpec.trainer_argv``)."""
+        return replace(self.spec(global_batch), model=model, seq=seq).trainer_argv()
 
     def spec(self, global_batch: int | None = None):
         """This run's description (``coursekit.spec.runspec.RunSpec``)."""
@@ -243,8 +236,8 @@ def run_trainer(run, nproc: int | None = None, *, model: str, seq: int, global_b
             return True
         return False
 
-    res = launch("coursekit.train", [*([] if on_step else ["--quiet"]), *run.args(), "--model", model, "--seq",
-                                     str(seq), "--global-batch", str(global_batch), "--steps", str(steps), *extra],
+    res = launch("coursekit.train", [*([] if on_step else ["--quiet"]), *run.args(model=model, seq=seq,
+                                     global_batch=global_batch), "--steps", str(steps), *extra],
                  nproc=run.nproc, timeout=timeout, on_line=on_line if on_step else None)
     times = [s["step_time_s"] for s in res.results[0]["steps"]]
     return {"step_time_s": statistics.median(times[1:] or times), "steps": times, "final": res.results[0]["final"]}
