@@ -119,8 +119,8 @@ def _on_host(engine, cat: str, path: str) -> bool:
     return cat == "params" and bool(getattr(opt, "offload_param", False))
 
 
-def held_tensors(engine) -> list[tuple[str, str, torch.Tensor]]:
-    """Every distinct storage the engine holds now: (category, path, tensor), in walk order."""
+def held_tensors(engine) -> list[tuple[str, str, torch.Tensor, int]]:
+    """Every distinct storage the engine holds now: (category, path, tensor, bytes), in walk order."""
     found: list = []
     opt, inner = engine.optimizer, _inner_optimizer(engine)
     if opt is not None and opt is not inner:  # the ZeRO wrapper first: its names say what a storage is for
@@ -142,7 +142,7 @@ def held_tensors(engine) -> list[tuple[str, str, torch.Tensor]]:
             _walk(st, f"state.{i}", found)
         for g in inner.param_groups:
             _walk(g["params"], "opt.fp32_groups", found)  # stage 0 fp32: these are the model's own params (seen)
-    return [(_classify(path, t), path, t) for path, t, _ in distinct_storages(found, meta=False)]
+    return [(_classify(path, t), path, t, n) for path, t, n in distinct_storages(found, meta=False)]
 
 
 def held_bytes(engine, *, nvme_dir: str | None = None, rank: int | None = None) -> dict:
@@ -151,8 +151,7 @@ def held_bytes(engine, *, nvme_dir: str | None = None, rank: int | None = None) 
     by_cat: dict = defaultdict(int)
     by_tier: dict = defaultdict(lambda: defaultdict(int))
     other = []
-    for cat, path, t in held_tensors(engine):
-        n = t.untyped_storage().nbytes()
+    for cat, path, t, n in held_tensors(engine):
         by_cat[cat] += n
         on_host = _on_host(engine, cat, path) if cpu_accel else t.device.type == "cpu"
         by_tier["cpu" if on_host else "accelerator"][cat] += n
@@ -191,7 +190,7 @@ def num_params(engine) -> int:
 def describe(engine) -> list[str]:
     """One line per held storage (category, bytes, dtype, shape, path): for a learner's 'where did it go?'."""
     rows = []
-    for cat, path, t in held_tensors(engine):
-        rows.append(f"{cat:<11} {t.untyped_storage().nbytes():>12,} {str(t.dtype).removeprefix('torch.'):<9} "
+    for cat, path, t, n in held_tensors(engine):
+        rows.append(f"{cat:<11} {n:>12,} {str(t.dtype).removeprefix('torch.'):<9} "
                     f"{str(tuple(t.shape)):<16} {path}")
     return rows
