@@ -15,9 +15,9 @@ What each implementation keeps, per rank, with n = b·s/C tokens, a heads, kvh K
              ``coursekit memory --cp C --cp-impl ulysses`` counts both (``modelled_bytes`` keeps the split).
 
 Whole model: ``launch("coursekit.cp.probe", ["--seq", "32", "--micro-batch", "2"], nproc=2)`` measures, on every CP
-rank, the trainer's tiny Llama (MHA, GQA, and one K/V head) with each implementation, embedding to loss, fed by the
-trainer's own data path (``coursekit.data.micro_batches`` with the impl's layout): per-rank saved bytes to compare
-with ``coursekit memory --cp C --cp-impl IMPL --position-ids per-sequence --kernels cpu --dtype fp32``.
+rank, the trainer's tiny Llama (MHA, GQA, and one K/V head) with each implementation, embedding to loss, set up as
+the trainer sets up ``--cp C --cp-impl IMPL`` (``coursekit.parallel.run.build_run``: its CP parallelism, its data
+path with the impl's layout): per-rank saved bytes to compare with ``coursekit memory --cp C --cp-impl IMPL --position-ids per-sequence --kernels cpu --dtype fp32``.
 """
 from __future__ import annotations
 
@@ -107,31 +107,27 @@ class TrainerLoss(torch.nn.Module):
 
 
 def run(argv) -> dict:
-    """Per CP rank: saved bytes of the whole tiny Llama with each impl and K/V head count (see the docstring)."""
-    import torch.distributed as dist
-
+    """Per CP rank: saved bytes of the whole tiny Llama with each impl and K/V head count (see the docstring), each
+    set up as the trainer sets up ``--cp C --cp-impl IMPL`` (``coursekit.parallel.run.build_run``)."""
     from coursekit import dist as ckdist
-    from coursekit.cp.hf import use_cp_attention
-    from coursekit.cp.shard import cutter, layout_for
-    from coursekit.data import make_dataset, micro_batches
-    from coursekit.models import build_model
     from coursekit.options import parse
+    from coursekit.parallel.run import build_run
 
     t = parse(["--strategy", "ddp", *argv]).train
     b = t.micro_batch or 2
     out = []
     with ckdist.session(seed=t.seed) as info:
         cp, rank = info.world_size, info.rank
-        ds = make_dataset(t.data, seq_len=t.seq + 1, num_samples=16, seed=t.seed)
         for kv in (4, 2, 1):  # tiny-llama's 4 query heads: MHA, GQA with kv = C (at C = 2), one K/V head
             for impl in ("ring", "ulysses"):
-                lm = use_cp_attention(build_model(t.model, seed=t.seed, num_key_value_heads=kv), impl,
-                                      dist.group.WORLD).train()
-                batch, = micro_batches(ds, 0, micro_batch=b, grad_accum=1, cut=cutter(cp, rank, layout_for(impl)))
-                r = saved_activation_bytes(TrainerLoss(lm), batch.input_ids, labels=batch.labels, breakdown=True,
-                                           position_ids=batch.position_ids)
+                opts = parse(["--strategy", "ddp", *argv, "--micro-batch", str(b), "--grad-accum", "1",
+                              "--global-batch", str(b), "--cp", str(cp), "--cp-impl", impl])
+                r = build_run(info, opts, setup=False, model_overrides={"num_key_value_heads": kv})
+                batch, = r.micro_batches(0)
+                m = saved_activation_bytes(TrainerLoss(r.model.train()), batch.input_ids, labels=batch.labels,
+                                           breakdown=True, position_ids=batch.position_ids)
                 out.append({"impl": impl, "kv_heads": kv, "cp": cp, "micro_batch": b, "seq": t.seq,
-                            "total_bytes": r["total_bytes"], "by_layer": r["by_layer"]})
+                            "total_bytes": m["total_bytes"], "by_layer": m["by_layer"]})
     return {"rank": rank, "runs": out}
 
 

@@ -7,7 +7,8 @@ Accelerate's run (``zero.accel_train``) build it here, so what a probe measures 
 
 ``setup=False`` stops after the parallelisms (a probe that measures the model without a data-parallel wrap);
 ``strategy=`` picks another strategy class than ``--strategy`` names (a probe's own); ``ctx=`` a Context built
-elsewhere (``zero.accel_train``: Accelerate owns the process group, no mesh).
+elsewhere (``zero.accel_train``: Accelerate owns the process group, no mesh); ``model_overrides`` config keys of
+the model (``cp.probe``: its K/V head count).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class Run:
                              device=self.ctx.info.device)
 
 
-def build_run(info, opts, *, strategy=None, setup: bool = True, ctx=None) -> Run:
+def build_run(info, opts, *, strategy=None, setup: bool = True, ctx=None, model_overrides: dict | None = None) -> Run:
     """Validate ``opts`` for this process group and build everything a step needs (see the module docstring)."""
     from coursekit.data import make_dataset
     from coursekit.models import build_model
@@ -45,7 +46,7 @@ def build_run(info, opts, *, strategy=None, setup: bool = True, ctx=None) -> Run
     t = opts.train
     ctx = ctx or Context.for_run(info, opts)
     strat = (strategy or registry.get(opts.parallel.strategy))(ctx)
-    model = build_model(t.model, attention=t.attention, seed=t.seed)  # same init on every rank
+    model = build_model(t.model, attention=t.attention, seed=t.seed, **(model_overrides or {}))  # same init everywhere
     num_params = sum(p.numel() for p in model.parameters())
     model = parallelize(model, strat, ctx)
     if setup:
