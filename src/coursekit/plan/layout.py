@@ -117,7 +117,7 @@ class Layout:
         if self.microbatches is not None:
             pp["grad_accum"] = self.microbatches
         return RunSpec(strategy=self.strategy, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
-                       degrees={k: getattr(self, k) for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1},
+                       degrees={k: getattr(self, k) for k in DEGREES if getattr(self, k) > 1},
                        micro_batch=self.micro_batch, recompute=self.recompute, cp_impl=self.cp_impl,
                        sp=self.sp and self.tp > 1, **pp, **extra)
 
@@ -130,7 +130,7 @@ class Layout:
     def short(self) -> str:
         parts = [self.strategy + (f"({self.dp_replicate}x{self.dp_shard})" if self.strategy == "hsdp" else "")
                  + f" dp{self.dp}"]
-        parts += [f"{k}{getattr(self, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1]
+        parts += [f"{k}{getattr(self, k)}" for k in DEGREES if getattr(self, k) > 1]
         if self.virtual_stages > 1:
             parts.append(f"v{self.virtual_stages}")
         if self.cp > 1:
@@ -142,6 +142,8 @@ class Layout:
             parts.append("no-sp")
         return " ".join(parts)
 
+
+DEGREES = tuple(n for n in registry.PARALLELISMS if n in {f.name for f in fields(Layout)})  # tp, pp, cp, ep: searched
 
 _INT = {"dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "micro_batch", "zero", "microbatches", "virtual_stages",
         "grad_accum", "pp_virtual"}

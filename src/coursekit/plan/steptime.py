@@ -50,6 +50,7 @@ from coursekit.flops import flops_per_step
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network
 from coursekit.plan.layout import Layout
 from coursekit.plan.links import Links
+from coursekit.spec.dims import DERIVED
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -163,7 +164,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
         p2p_bytes = t * h * act / (tp if sp or tp > 1 else 1)  # scatter/gather over TP ranks (Narayanan §4.1)
         pp_s = links.p2p(p2p_bytes, "pp", 2 * v)
 
-    dp_axes = ("dp_replicate", "dp_shard", "cp")  # CP ranks hold the same weights: gradients reduce over them too
+    dp_axes = DERIVED["loss"]  # dp x cp: CP ranks hold the same weights, so gradients reduce over them too
     stage_params, fsdp_mb, step_dp, host_mb = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
                                                              stage_layers=stage_layers, compute_mb=compute_mb,
                                                              dp_axes=dp_axes)
@@ -260,9 +261,7 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
     bwd_window = hw.overlap * compute_mb * 2 / 3
     pbytes, gbytes = act, 4  # gathers in the compute dtype; gradients reduced in fp32 (DeepSpeed / FSDP defaults)
     if L.shards_params:
-        shard_axes = ("dp_shard", "cp") if L.engine == "fsdp2" else ("dp_replicate", "dp_shard", "cp")
-        if L.engine == "fsdp2" and L.dp_replicate > 1 and cp > 1:
-            shard_axes = ("dp_shard", "cp")
+        shard_axes = DERIVED["fsdp"] if L.engine == "fsdp2" else DERIVED["loss"]  # FSDP2 over dp_shard x cp
         if L.engine == "fsdp2":  # one unit per block: gathered for forward and again for backward, reduced once
             n_gather, n_reduce, unit, red_unit = 2 * stage_layers, stage_layers, per_layer, per_layer
         else:  # ZeRO-3 fetches per module (one parameter tensor each here); reduces in reduce_bucket_size buckets
