@@ -15,7 +15,7 @@ FROZEN = {
               "--dtype", "--attention", "--lr", "--weight-decay", "--seed", "--data", "--recompute", "--compile",
               "--router-aux-loss-coef"],
     "parallel": ["--strategy", "--dp-replicate", "--dp-shard", "--tp", "--pp", "--cp"],
-    "ckpt": ["--ckpt-dir", "--save-every", "--async-ckpt"],
+    "ckpt": ["--ckpt-dir", "--save-every", "--async-ckpt", "--keep"],
     "profile": ["--profile-dir", "--profile-steps", "--count-step"],
     "faults": ["--crash-at-step", "--kill-at-step", "--kill-rank", "--kill-in-save", "--slow-rank",
                "--slow-ms"],

@@ -23,12 +23,20 @@ def test_kill_in_save_needs_restarts():
 
 
 @pytest.mark.slow  # two 2-process runs, one of them restarted (~40 s idle; minutes on a loaded machine)
-def test_kill_inside_a_save_loads_the_previous_checkpoint_bit_identical(tmp_path, no_orphans):
+@pytest.mark.parametrize("mode", ["none", "thread", "process"])  # every --async-ckpt mode
+def test_kill_inside_a_save_loads_the_previous_checkpoint_bit_identical(tmp_path, mode, no_orphans):
+    """SIGKILL with step 4's shards written but before its checksums and marker (``--kill-in-save``; an async save
+    is killed when the loop waits for it): the restart loads step 2, bit-identical, and every checkpoint left
+    carries checksums that verify (``coursekit.train.integrity``)."""
+    from coursekit.train import integrity
+
     whole = cli(*ARGS, "--ckpt-dir", tmp_path / "a")
     d = tmp_path / "b"
-    resumed = cli(*ARGS, "--ckpt-dir", d, "--kill-in-save", "4", "--kill-rank", "1", "--max-restarts", "1")
+    resumed = cli(*ARGS, "--ckpt-dir", d, "--async-ckpt", mode, "--kill-in-save", "4", "--kill-rank", "1",
+                  "--max-restarts", "1")
     kill = json.loads(Path(d, "killed.json").read_text())
     assert kill["in_save"] and kill["step"] == 4
+    assert integrity.steps(d) == [6, 4, 2] and all(integrity.problem(d / f"step-{s}") is None for s in (2, 4, 6))
     full = {s["step"]: s["loss"] for s in whole[0]["steps"]}
     for rec in resumed:
         f = rec["final"]

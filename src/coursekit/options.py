@@ -87,6 +87,8 @@ class CheckpointOptions:
     async_ckpt: str = field(default="none", metadata={"choices": ("none", "thread", "process")})
     """dcp.async_save on its own gloo group: thread or process writes in the background while training goes on
     (the loop is blocked only while the state is staged); none: dcp.save."""
+    keep: int = field(default=3, metadata={"min": 1})
+    """Checkpoints kept in --ckpt-dir (the newest K; older ones are deleted after each save)."""
 
 
 @dataclass(kw_only=True)

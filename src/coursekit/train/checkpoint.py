@@ -7,35 +7,66 @@ the DCP state dict), so a resumed run draws what the uninterrupted one would hav
 bit-identical. The data position needs nothing: step s always reads samples [s·G, (s+1)·G).
 
 Atomic by construction: every rank writes its shards into ``step-N/`` (``torch.distributed.checkpoint.save``), all
-ranks meet at a barrier, and only then rank 0 replaces the one-line marker ``latest`` (write-then-rename). A crash
-mid-save leaves ``latest`` pointing at the previous checkpoint, so a half-written folder is never loaded.
+ranks meet at a barrier, rank 0 records every file's size and SHA-256 (``checksums.json``) and only then replaces the
+one-line marker ``latest`` (write-then-rename). A crash mid-save leaves ``latest`` pointing at the previous
+checkpoint, so a half-written folder is never loaded; a checkpoint damaged later (flipped bytes, a truncated shard)
+is refused on resume, naming the file, and the newest intact one is loaded instead (``coursekit.train.integrity``).
+The ``--keep`` newest checkpoints are kept.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+from coursekit.train import integrity
 
 
 class Checkpointer:
-    def __init__(self, ckpt_dir: str | os.PathLike, info, save_every: int = 0, async_mode: str = "none"):
-        self.dir, self.info, self.save_every = Path(ckpt_dir), info, save_every
+    def __init__(self, ckpt_dir: str | os.PathLike, info, save_every: int = 0, async_mode: str = "none",
+                 keep: int = 3):
+        self.dir, self.info, self.save_every, self.keep = Path(ckpt_dir), info, save_every, keep
         self.dir.mkdir(parents=True, exist_ok=True)
         self.async_mode, self.blocked_s, self._pending, self._group = async_mode, [], None, None
+        self.notes: list[str] = []  # what resume refused and why
+        self.resharded_from: int | None = None  # the world size a resumed checkpoint was saved by, when not ours
         if async_mode != "none":  # on the default gloo group a background save mixes with training's collectives
             import torch.distributed as dist
 
             self._group = dist.new_group(backend="gloo")
 
     def latest(self) -> int | None:
-        f = self.dir / "latest"
-        return int(f.read_text()) if f.exists() else None
+        return integrity.marker(self.dir)[0]
 
     def resume(self, strategy) -> int | None:
-        """Load the latest complete checkpoint into the strategy; its step, or None when there is none."""
+        """Load the newest intact checkpoint into the strategy; its step, or None when there is none. Rank 0 checks
+        the files (``integrity.choose``) and every rank loads what it chose; what was refused is printed and kept in
+        ``notes``. A checkpoint of another world size is resharded by DCP, and that is said too."""
+        import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        last = self.latest()
+        pick = [None]
+        if self.info.is_main:
+            last, notes = integrity.choose(self.dir)
+            if notes and last is not None:  # what was refused moves aside (renamed, not deleted), and the marker
+                notes = notes + integrity.set_aside(self.dir, last)  # names what is loaded
+                self._mark(last)
+            pick = [(last, notes)]
+        if dist.is_initialized():
+            dist.broadcast_object_list(pick, src=0)
+        last, self.notes = pick[0]
+        saved_by = (integrity.manifest(self.dir / f"step-{last}") or {}).get("world_size") if last is not None else None
+        if saved_by is not None and saved_by != self.info.world_size:
+            self.resharded_from = saved_by
+            self.notes = [*self.notes, f"step-{last} was saved by {saved_by} ranks: resharded onto "
+                                       f"{self.info.world_size}"]
+        if self.info.is_main:
+            for n in self.notes:
+                print(f"checkpoint: {n}", file=sys.stderr, flush=True)
         if last is None:
+            if self.notes:  # checkpoints were there, none intact: refuse rather than train from scratch over them
+                raise integrity.CheckpointError(f"{self.dir}: no intact checkpoint to resume from "
+                                                f"({'; '.join(self.notes[:-1]) or self.notes[-1]})")
             return None
         sd = strategy.state_dict()
         dcp.load(sd, checkpoint_id=str(self.dir / f"step-{last}"))
@@ -90,16 +121,22 @@ class Checkpointer:
         if before_marker:  # fault injection (--kill-in-save): die with the shards written, no marker yet
             before_marker(step)
         dist.barrier()
-        if self.info.is_main:  # the marker is written last, so a crash mid-save never points at half a checkpoint
-            tmp = self.dir / "latest.tmp"
-            tmp.write_text(str(step))
-            os.replace(tmp, self.dir / "latest")
+        if self.info.is_main:  # checksums, then the marker, last: a crash mid-save never points at half a checkpoint
+            integrity.write(self.dir / f"step-{step}", world_size=self.info.world_size)
+            self._mark(step)
+            integrity.prune(self.dir, self.keep, step)
         dist.barrier()
+
+    def _mark(self, step: int) -> None:
+        tmp = self.dir / "latest.tmp"
+        tmp.write_text(str(step))
+        os.replace(tmp, self.dir / integrity.MARKER)
 
     def stats(self) -> dict:
         """For the final record: how the loop was blocked by checkpoints (sync vs async)."""
         return {"ckpt_async": self.async_mode, "ckpt_saves": len(self.blocked_s),
-                "ckpt_blocked_s": sum(self.blocked_s), "ckpt_blocked_each_s": list(self.blocked_s)}
+                "ckpt_blocked_s": sum(self.blocked_s), "ckpt_blocked_each_s": list(self.blocked_s),
+                "ckpt_notes": list(self.notes), "resharded_from": self.resharded_from}
 
 
 def rng_state() -> dict:

@@ -14,6 +14,8 @@ import json
 import sys
 import time
 
+from coursekit.train import integrity
+
 
 def run_training(train_args: list[str], *, nproc: int, timeout: float = 600, stream: bool = False,
                  progress=None, max_restarts: int = 0) -> dict:
@@ -95,6 +97,11 @@ def plan(argv) -> tuple:
         if getattr(f, name) is not None and (lo.max_restarts < 1 or not opts.ckpt.ckpt_dir):
             raise ValueError(f"--{name.replace('_', '-')} needs --max-restarts >= 1 and --ckpt-dir (the restart "
                              "resumes from it)")
+    if opts.ckpt.ckpt_dir:  # checkpoints there but none whole (files missing or cut short): refuse before launching
+        step, notes = integrity.choose(opts.ckpt.ckpt_dir, full=False)
+        if step is None and notes:
+            raise integrity.CheckpointError(f"--ckpt-dir {opts.ckpt.ckpt_dir}: no intact checkpoint to resume from "
+                                            f"({'; '.join(notes[:-1]) or notes[-1]})")
     return lo, opts, nproc
 
 

@@ -38,7 +38,7 @@ def run(opts) -> dict:
     with ckdist.session(seed=t.seed) as info:
         run_ = build_run(info, opts)
         strategy = run_.strategy
-        ckpt = (Checkpointer(opts.ckpt.ckpt_dir, info, opts.ckpt.save_every, opts.ckpt.async_ckpt)
+        ckpt = (Checkpointer(opts.ckpt.ckpt_dir, info, opts.ckpt.save_every, opts.ckpt.async_ckpt, opts.ckpt.keep)
                 if opts.ckpt.ckpt_dir else None)
         resumed = ckpt.resume(strategy) if ckpt else None
         loop = _Loop(run_, ckpt, resumed,
