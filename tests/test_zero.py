@@ -287,6 +287,26 @@ def test_bad_zero_input_gives_a_clear_error(args, needle):
 
 
 # -- 6. sweeps (the lab's bucket sweep, bench/bench_zero.py) -----------------------------------------------------------
+@pytest.mark.parametrize("zero,needle", [
+    ({"stage": 7}, "zero_optimization.stage: Input should be 0, 1, 2"),
+    ({"stage": 2, "reduce_bucket_sizee": 5e8}, "zero_optimization.reduce_bucket_sizee: Extra inputs are not permitted"),
+    ({"stage": 2, "overlap_comm": "sometimes"}, "zero_optimization.overlap_comm: Input should be a valid boolean"),
+    ("stage 2", "zero_optimization must be a JSON object"),
+])
+def test_a_users_deepspeed_config_is_checked_with_deepspeeds_schema_before_launch(tmp_path, zero, needle):
+    """A --ds-config of the user's own is read with DeepSpeed's pydantic models (its stage, its key names, its
+    types) by the checks before launching: one line naming the field, not a traceback on every rank."""
+    from coursekit.train.launcher import plan
+
+    cfg = tmp_path / "mine.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}))
+    with pytest.raises(ValueError, match=re.escape(f"--ds-config {cfg}: {needle}")):
+        plan(["--nproc", "2", "--strategy", "deepspeed", "--ds-config", str(cfg)])
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}))
+    plan(["--nproc", "2", "--strategy", "deepspeed", "--ds-config", str(ok)])  # a valid one passes
+
+
 def test_sweep_builds_several_engines_in_one_launch(no_orphans):
     from coursekit.zero.sweep import run_sweep
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 from coursekit.spec.run import ADAMW as _ADAMW
@@ -130,6 +131,34 @@ def load_config(path) -> dict:
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: a DeepSpeed config is a JSON object, got {type(cfg).__name__}")
     return cfg
+
+
+def check_schema(cfg: dict, where: str) -> None:
+    """DeepSpeed's own schema for the sections it validates with pydantic (``zero_optimization``: stages 0-3, no
+    unknown or misspelt keys; ``bf16``): a ValueError naming the first bad field, before anything launches. Imports
+    DeepSpeed's config modules only (seconds), so it runs for a user's ``--ds-config``; the shipped configs are
+    checked by tests/test_configs.py."""
+    import torch
+
+    if os.environ.get("COURSEKIT_DEVICE") == "cpu" or not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no CUDA probing (and no CPU op build) for a schema check
+    from pydantic import ValidationError
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    for key, model in (("zero_optimization", DeepSpeedZeroConfig), ("bf16", DeepSpeedBF16Config)):
+        section = cfg.get(key)
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            raise ValueError(f"{where}: {key} must be a JSON object, got {type(section).__name__}")
+        try:
+            model(**section)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(x) for x in (key, *err.get("loc", ())))
+            raise ValueError(f"{where}: {field}: {err.get('msg')} (DeepSpeed's schema), got "
+                             f"{err.get('input')!r}") from None
 
 
 def save_config(cfg: dict, path) -> Path:

@@ -59,6 +59,8 @@ class ZeRO(Strategy):
         path = ds_config or zc.default_path(cls.stage)
         path = str(path) if ds_config or os.path.exists(path) else None
         raw = zc.load_config(path) if path else zc.build_config(cls.stage)
+        if ds_config:  # a user's config: DeepSpeed's own schema, before launching (the shipped ones have a test)
+            zc.check_schema(raw, f"--ds-config {ds_config}")
         got = raw.get("zero_optimization", {}).get("stage")
         if cls.stage is not None and got is not None and int(got) != cls.stage:
             raise ValueError(f"strategy zero{cls.stage} was given a config with zero_optimization.stage {got}; "
