@@ -1,5 +1,7 @@
 """Accelerate: DDP through `accelerate launch` on CPU for real, and DeepSpeed ZeRO-2 through Accelerate on CPU via
 an explicit gloo backend (Accelerate's public InitProcessGroupKwargs) — both equal the reference trainer's DDP."""
+import re
+
 import pytest
 
 from coursekit.launch import launch
@@ -45,3 +47,23 @@ def test_deepspeed_through_accelerate_on_cpu_without_gloo_miscounts_ranks(no_orp
     recs = accelerate_launch(ACCEL / "deepspeed_zero2.yaml", ARGS, nproc=2, cpu=False,
                              env={"DS_ACCELERATOR": "cpu", "COURSEKIT_DEVICE": "cpu"})
     assert {(r["rank"], r["world_size"], r["torch_world"]) for r in recs} == {(0, 1, 2)}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("distributed_type: MULTI_CPUU\nnum_processes: 2\n", "'MULTI_CPUU' is not a valid DistributedType"),
+    ("distributed_type: MULTI_CPU\nnum_procesess: 2\n", "had unknown keys (['num_procesess'])"),
+    ("distributed_type: MULTI_CPU\nnum_processes: two\n", "num_processes must be a positive integer, got 'two'"),
+    ("- a\n- b\n", "an Accelerate config is a mapping of keys, got list"),
+    ("a: [\n", "not valid YAML"),
+])
+def test_a_bad_accelerate_config_is_refused_before_launch(tmp_path, text, needle):
+    """Accelerate's own loader (its enums, its key names) and what it lets through, in one line naming the file;
+    nothing is launched (the check runs before the subprocess)."""
+    from coursekit.zero.accel_train import check_config
+
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text("compute_environment: LOCAL_MACHINE\n" + text if not text.startswith(("-", "a:")) else text)
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        accelerate_launch(cfg, ARGS, nproc=2, timeout=5)
+    for shipped in sorted(ACCEL.glob("*.yaml")):
+        check_config(shipped)  # every config the course ships passes

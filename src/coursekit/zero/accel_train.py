@@ -24,6 +24,34 @@ import os
 import sys
 
 
+def check_config(config) -> None:
+    """An Accelerate launch config read by Accelerate's own loader (``load_config_from_file``: its distributed types,
+    its key names) plus what that loader lets through (a file that is not a mapping, a non-integer
+    ``num_processes``): a ValueError naming the file, before anything launches."""
+    from pathlib import Path
+
+    import yaml
+
+    p = Path(config)
+    if not p.is_file():
+        raise ValueError(f"no such Accelerate config: {config}")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{config}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config}: an Accelerate config is a mapping of keys, got {type(raw).__name__}")
+    n = raw.get("num_processes")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"{config}: num_processes must be a positive integer, got {n!r}")
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    try:
+        load_config_from_file(str(p))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{config}: {str(e).splitlines()[0]} (Accelerate's config loader)") from None
+
+
 def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True, timeout: float = 300,
                       env: dict | None = None, cwd: str | None = None) -> list:
     """Run this script under ``accelerate launch --config_file config`` on ``nproc`` processes; per-rank reports.
@@ -42,6 +70,7 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
     from coursekit.launch import RESULTS_ENV, STAMP_ENV, kill_tree, launch_stamp
     from coursekit.zero.ds_config import CONFIG_DIR
 
+    check_config(config)  # refused here, in one line, rather than by every rank after the launch
     config = Path(config).resolve()
     if cwd is None and (CONFIG_DIR.parents[1] / "configs").is_dir():
         cwd = str(CONFIG_DIR.parents[1])
