@@ -165,6 +165,33 @@ MUTATIONS = {
     "pytorchjob-no-rendezvous-port": ("pytorchjob", lambda d: container(d).pop("ports"),
                                       "no rendezvous port: the operator builds PET_RDZV_ENDPOINT"),
     "job-no-shm": ("job", lambda d: container(d)["volumeMounts"].pop(0), "/dev/shm is not an emptyDir"),
+    # what the API server checks beyond the schemas (coursekit.k8s.rules)
+    "job-no-image": ("job", lambda d: container(d).pop("image"), "spec.template.spec.containers.0.image: required"),
+    "job-name-not-dns": ("job", lambda d: d[1]["metadata"].update(name="Coursekit_Train"),
+                         "Job 'Coursekit_Train': metadata.name: not a DNS-1123 subdomain"),
+    "service-name-not-dns1035": ("job", lambda d: d[0]["metadata"].update(name="1-train"),
+                                 "Service '1-train': metadata.name: a Service name is a DNS-1035 label"),
+    "job-namespace-not-dns": ("job", lambda d: d[1]["metadata"].update(namespace="My NS"),
+                              "metadata.namespace: 'My NS' is not a DNS-1123 label"),
+    "pytorchjob-nproc-missing": ("pytorchjob", lambda d: d[0]["spec"].pop("nprocPerNode"),
+                                 "spec.nprocPerNode: None: processes per pod"),
+    "pytorchjob-nproc-word": ("pytorchjob", lambda d: d[0]["spec"].update(nprocPerNode="abc"),
+                              "spec.nprocPerNode: 'abc': processes per pod"),
+    "pytorchjob-nproc-zero": ("pytorchjob", lambda d: d[0]["spec"].update(nprocPerNode="0"),
+                              "spec.nprocPerNode: '0': processes per pod"),
+    "pytorchjob-elastic-never-restarts": ("pytorchjob", lambda d: d[0]["spec"]["pytorchReplicaSpecs"]["Worker"].update(
+        restartPolicy="Never"), "Worker.restartPolicy: Never stops an elastic job's workers from coming back"),
+    "job-restart-always": ("job", lambda d: pod(d)["spec"].update(restartPolicy="Always"),
+                           "spec.template.spec.restartPolicy: a Job's pods restart OnFailure or Never, not 'Always'"),
+    "job-negative-deadline": ("job", lambda d: d[1]["spec"].update(activeDeadlineSeconds=-5),
+                              "spec.activeDeadlineSeconds: -5 must be > 0"),
+    "job-mount-of-no-volume": ("job", lambda d: container(d)["volumeMounts"].append({"name": "data",
+                                                                                     "mountPath": "/data"}),
+                               "volumeMounts: 'data' is not a volume of the pod"),
+    "jobset-zero-replicas": ("jobset", lambda d: d[0]["spec"]["replicatedJobs"][0].update(replicas=0),
+                             "spec.replicatedJobs.0.replicas: 0 must be >= 1"),
+    "job-shm-size-with-a-space": ("job", lambda d: pod(d)["spec"]["volumes"][0]["emptyDir"].update(sizeLimit="16 GiB"),
+                                  "emptyDir.sizeLimit: '16 GiB' is not a Kubernetes quantity"),
     "job-no-nccl-knob": ("job", lambda d: container(d).update(
         env=[e for e in container(d)["env"] if e["name"] != "TORCH_NCCL_ASYNC_ERROR_HANDLING"]),
         "env lacks TORCH_NCCL_ASYNC_ERROR_HANDLING"),
@@ -179,6 +206,24 @@ def test_a_mutated_manifest_fails_with_a_clear_message(case):
     mutate(docs)
     found = problems(docs)
     assert any(needle in p for p in found), "\n".join(found)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "empty: no manifest in it"),
+    ("apiVersion: v1\nkind: Service\nmetadata:\n\tname: x\n", "not valid YAML (line 4, column 1)"),
+    ("- apiVersion: v1\n  kind: Service\n", "document 0: a manifest is a mapping"),
+    ("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: ckpt}\nspec:\n  accessModes: [ReadWriteMany]\n"
+     "  resources: {requests: {storage: 50 GiB}}\n", "spec.resources.requests.storage: '50 GiB' is not a Kubernetes "
+                                                      "quantity"),
+])
+def test_files_that_are_not_manifests_are_named_not_crashed_on(tmp_path, capsys, text, needle):
+    f = tmp_path / "m.yaml"
+    f.write_text(text)
+    assert cli.main(["validate", str(f)]) == 1
+    printed = capsys.readouterr().out
+    assert needle in printed and "problem(s) in 1 file(s)" in printed, printed
+    if "tabs" not in needle and "\t" in text:
+        assert "this file has tabs" in printed
 
 
 def test_validate_command_lists_the_problems(tmp_path, capsys):

@@ -96,7 +96,9 @@ def sys_argv_of(argv: list[str], program: list[str]) -> list[str]:
 def _validate(files: list[str]) -> int:
     from coursekit.k8s.validate import load, problems
 
-    found = problems(load(files))
+    bad: list[str] = []
+    docs = load(files, bad)
+    found = bad + problems(docs)
     for p in found:
         print(p)
     print(f"{len(found)} problem(s) in {len(files)} file(s)" if found else f"valid: {', '.join(files)}")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from coursekit.k8s import rules
 from coursekit.k8s.render import CONTAINER, CONTRACT_ENV
 
 K8S_VERSIONS = ("1.31", "1.37")  # an older release still common on clusters, and the newest the package ships
@@ -268,19 +269,46 @@ def contract(docs: list[dict]) -> list[str]:
 
 
 def problems(docs: list[dict]) -> list[str]:
-    """Every schema and contract problem of a set of manifests (one file's documents, or several)."""
+    """Every schema, API-server rule (``coursekit.k8s.rules``) and contract problem of a set of manifests (one
+    file's documents, or several)."""
     out: list[str] = []
-    for doc in docs:
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            out.append(f"document {i}: a manifest is a mapping (apiVersion, kind, metadata, ...), got "
+                       f"{type(doc).__name__}")
+            continue
         key = (doc.get("apiVersion"), doc.get("kind"))
         if key in CRDS:
             out += crd_problems(doc)
         elif doc.get("kind") != "Kustomization":
             out += core_problems(doc)
-    return out + contract(docs)
+        if doc.get("kind") != "Kustomization":
+            out += rules.problems(doc)
+    return out + contract([d for d in docs if isinstance(d, dict)])
 
 
-def load(paths) -> list[dict]:
+def load(paths, bad: list | None = None) -> list[dict]:
+    """The documents of every file. A file that cannot be manifests (not YAML, tabs for indentation, empty) raises
+    a ValueError naming it and the line, or, with ``bad`` given, is appended to it as that message."""
     docs = []
     for p in paths:
-        docs += [d for d in yaml.safe_load_all(Path(p).read_text()) if d]
+        try:
+            text = Path(p).read_text()
+            found = [d for d in yaml.safe_load_all(text) if d is not None]
+            if not found:
+                raise ValueError("empty: no manifest in it")
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            msg = f"{p}: not valid YAML{at}: {getattr(e, 'problem', None) or str(e).splitlines()[0]}"
+            if "\t" in text:
+                msg += "; YAML indents with spaces, and this file has tabs"
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            msg = f"{p}: {e}"
+        else:
+            docs += found
+            continue
+        if bad is None:
+            raise ValueError(msg)
+        bad.append(msg)
     return docs
