@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -48,10 +49,33 @@ def test_every_numeric_option_declares_its_range():
     (["--kill-in-save", "0"], "--kill-in-save must be >= 1"),
     (["--bucket-mb", "-1"], "--bucket-mb must be > 0"),
     (["--cp", "-1"], "--cp must be >= 1"),
+    (["--ckpt-dir", "/dev/null"], "--ckpt-dir /dev/null is not a folder"),
+    (["--profile-dir", "/dev/null/traces"], "--profile-dir /dev/null/traces: cannot write there (/dev/null is not"),
 ])
 def test_nonsense_values_are_refused_before_launch_naming_the_flag(args, needle):
-    with pytest.raises(ValueError, match=needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
         plan(["--strategy", "ddp", *args])
+
+
+@pytest.mark.parametrize("argv,prefix", [
+    (["train", "--strateg", "ddp"], "--strateg"),
+    (["memory", "--model", "tiny-llama", "--micro", "1", "--seq", "8"], "--micro"),
+    (["plan", "--model", "tiny-llama", "--gpus", "8", "--seq", "8", "--global-batch", "8", "--netw", "ib-400"], "--netw"),
+    (["layout", "--nproc", "4", "--strat", "ddp"], "--strat"),
+    (["k8s", "render", "--kind", "job", "--image", "i", "--namespace", "n", "--nodes", "1", "--gpus-per-node", "1",
+      "--ou", "x"], "--ou"),
+])
+def test_a_prefix_of_a_flag_is_not_taken_for_the_flag(argv, prefix, capsys):
+    """argparse's prefix matching is off in every CLI: ``--strateg ddp`` is refused, not run as ``--strategy``
+    (a prefix that later becomes ambiguous, or a typo, would otherwise change what runs)."""
+    from coursekit import cli
+
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2
+    assert f"unrecognized arguments: {prefix}" in capsys.readouterr().err
 
 
 NUMBERS = st.one_of(st.integers(-(10 ** 20), 10 ** 20), st.sampled_from(["nan", "inf", "-inf", "1e400", "0", "-0.0"]),

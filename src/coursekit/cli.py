@@ -89,10 +89,11 @@ COMMANDS = [Demo(), Train(), Doctor(), Memory(), Plan(), Layout(), Course(), Lab
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coursekit", description="coursekit: the library behind the course labs")
+    p = argparse.ArgumentParser(allow_abbrev=False,
+                                prog="coursekit", description="coursekit: the library behind the course labs")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for c in COMMANDS:
-        sp = sub.add_parser(c.name, help=c.help, add_help=not isinstance(c, Passthrough))
+        sp = sub.add_parser(c.name, help=c.help, add_help=not isinstance(c, Passthrough), allow_abbrev=False)
         c.add_arguments(sp)
     return p
 

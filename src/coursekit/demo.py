@@ -40,7 +40,7 @@ def strategies_table(a) -> int:
 def main(argv=None) -> int:
     from coursekit import tour as T
 
-    p = argparse.ArgumentParser(prog="coursekit demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--module", type=int, default=None, help=f"only this module ({', '.join(map(str, T.TOURS))})")
     p.add_argument("--quick", action="store_true", help="a subset of the checks (about a minute on 2 cores)")
     p.add_argument("--json", action="store_true", help="print the checks as one JSON object")

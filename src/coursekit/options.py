@@ -203,7 +203,8 @@ def component_groups() -> list[tuple[type, str]]:
 
 
 def build_parser(prog: str = "coursekit train", launcher: bool = False) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="The reference trainer: one loop, every parallelism of "
+    p = argparse.ArgumentParser(allow_abbrev=False,
+                                prog=prog, description="The reference trainer: one loop, every parallelism of "
                                 "the course, on one device mesh.", argument_default=argparse.SUPPRESS)
     if launcher:
         add_group(p, LaunchOptions, "launcher")

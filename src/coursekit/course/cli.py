@@ -13,21 +13,21 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coursekit course", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit course", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default=None, help="course folder (default: nearest folder with nbgrader_config.py)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
 
-    b = sub.add_parser("build", help="generate labs/<lab>/ from solutions/<lab>/<lab>.py")
+    b = sub.add_parser("build", help="generate labs/<lab>/ from solutions/<lab>/<lab>.py", allow_abbrev=False)
     b.add_argument("--lab", action="append", help="only this lab (repeatable)")
     b.add_argument("--check", action="store_true", help="write nothing; exit 1 if labs/ differ from a fresh build")
 
     v = sub.add_parser("validate", help="every solution passes all its tests; every released lab fails every "
-                                        "exercise")
+                                        "exercise", allow_abbrev=False)
     v.add_argument("--lab", action="append", help="only this lab (repeatable)")
     v.add_argument("--fast", action="store_true", help="re-check only, without nbgrader's autograde")
     v.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: CPU count)")
 
-    g = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lab>/<lab>.ipynb")
+    g = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lab>/<lab>.ipynb", allow_abbrev=False)
     g.add_argument("submissions", help="folder of student folders (or one student's folder)")
     g.add_argument("--out", default=None, help="output folder (grades.csv, exercises.csv, feedback/, ...); default "
                    "$COURSEKIT_RESULTS_DIR, which slurm/grade-array.sbatch sets per task")
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="limits of each sandbox (default cpu=1800,memory=8G,nproc=512,fsize=1G,tmp=1G; "
                         "$COURSEKIT_SANDBOX_LIMITS)")
 
-    r = sub.add_parser("report", help="score distribution per exercise as a figure")
+    r = sub.add_parser("report", help="score distribution per exercise as a figure", allow_abbrev=False)
     r.add_argument("grades", nargs="+", help="output folder(s) of `coursekit course grade` (merged)")
     r.add_argument("--out", default=None, help="figure file (default: score_distribution.png in the first folder)")
     return p

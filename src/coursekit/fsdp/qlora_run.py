@@ -28,7 +28,7 @@ def run(argv) -> dict:
     from coursekit.parallel.api import adamw
     from coursekit.parallel.loss import cross_entropy
 
-    p = argparse.ArgumentParser(prog="coursekit.fsdp.qlora_run")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit.fsdp.qlora_run")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=4, help="sequences per rank (33 tokens: 32 inputs, shifted labels)")
     p.add_argument("--model", default="tiny-llama")

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--replica", type=int, required=True)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seq", type=int, default=16)

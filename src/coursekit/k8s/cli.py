@@ -19,9 +19,10 @@ from coursekit.k8s.render import DEFAULT_PROGRAM, KINDS, Params, render
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coursekit k8s", description="Kubernetes manifests for the course's jobs")
+    p = argparse.ArgumentParser(allow_abbrev=False,
+                                prog="coursekit k8s", description="Kubernetes manifests for the course's jobs")
     sub = p.add_subparsers(dest="action", required=True)
-    r = sub.add_parser("render", help="write the manifests of one job")
+    r = sub.add_parser("render", help="write the manifests of one job", allow_abbrev=False)
     a = r.add_argument
     a("--kind", required=True, choices=KINDS)
     a("--image", required=True, help="the course image, e.g. registry.example/coursekit:v1")
@@ -42,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--rdzv-port", type=int, default=29500)
     a("--workdir", default="/opt/coursekit", help="the image's working directory")
     a("--out", help="folder to write the files into (default: print them)")
-    v = sub.add_parser("validate", help="schema and contract checks, offline")
+    v = sub.add_parser("validate", help="schema and contract checks, offline", allow_abbrev=False)
     v.add_argument("files", nargs="+")
     return p
 

@@ -35,7 +35,8 @@ SOLVE = ("max-batch", "max-seq", "min-gpus")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coursekit memory", description="Exact per-rank training memory.")
+    p = argparse.ArgumentParser(allow_abbrev=False,
+                                prog="coursekit memory", description="Exact per-rank training memory.")
     a = p.add_argument
     a("--model", help="preset name or path to an HF config.json (llama / mistral / gpt2)")
     a("--micro-batch", "--batch", dest="batch", type=int, help="sequences per rank per micro-batch (alias --batch)")

@@ -197,7 +197,8 @@ def summary(d: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="coursekit launch", description="run a script on N processes under torchrun "
+    p = argparse.ArgumentParser(allow_abbrev=False,
+                                prog="coursekit launch", description="run a script on N processes under torchrun "
                                 "(the launcher the trainer uses); --diagnose explains a hang")
     p.add_argument("--nproc", type=int, default=None, help="processes (default: GPUs present, else 2)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before the whole job is stopped")

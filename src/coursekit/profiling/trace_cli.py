@@ -11,7 +11,7 @@ from coursekit.profiling.timeline import plot
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="coursekit trace", description=T.__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit trace", description=T.__doc__.split("\n\n")[0])
     p.add_argument("folder", help="folder with one Chrome trace per rank (trace-rank<R>.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw a per-rank timeline of compute vs communication")

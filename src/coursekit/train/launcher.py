@@ -97,12 +97,28 @@ def plan(argv) -> tuple:
         if getattr(f, name) is not None and (lo.max_restarts < 1 or not opts.ckpt.ckpt_dir):
             raise ValueError(f"--{name.replace('_', '-')} needs --max-restarts >= 1 and --ckpt-dir (the restart "
                              "resumes from it)")
+    for flag, folder in (("--ckpt-dir", opts.ckpt.ckpt_dir), ("--profile-dir", opts.profile.profile_dir)):
+        if folder:
+            _check_folder(flag, folder)
     if opts.ckpt.ckpt_dir:  # checkpoints there but none whole (files missing or cut short): refuse before launching
         step, notes = integrity.choose(opts.ckpt.ckpt_dir, full=False)
         if step is None and notes:
             raise integrity.CheckpointError(f"--ckpt-dir {opts.ckpt.ckpt_dir}: no intact checkpoint to resume from "
                                             f"({'; '.join(notes[:-1]) or notes[-1]})")
     return lo, opts, nproc
+
+
+def _check_folder(flag: str, folder: str) -> None:
+    """A folder the ranks will write into: one, or one that can be made (its nearest existing parent writable)."""
+    import os
+    from pathlib import Path
+
+    p = Path(folder)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {folder} is not a folder")
+    parent = next((a for a in [p, *p.absolute().parents] if a.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {folder}: cannot write there ({parent} is not a writable folder)")
 
 
 def main(argv=None) -> int:

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     from coursekit import dist as ckdist
     from coursekit.launch import report
 
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--points", required=True)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seq", type=int, default=64)
