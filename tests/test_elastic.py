@@ -14,11 +14,23 @@ def cli(*args, timeout=400):
     return cli_ranks(*args, timeout=timeout)
 
 
+def dropout_model(tmp_path) -> str:
+    """tiny-llama with attention dropout 0.1: every step draws random numbers, so a resume that did not restore each
+    rank's generators would not be bit-identical (with dropout 0 it would be, restored or not)."""
+    from coursekit.memory import preset
+    from coursekit.memory.presets import to_hf_config_dict
+
+    cfg = tmp_path / "tiny-llama-dropout.json"
+    cfg.write_text(json.dumps(to_hf_config_dict(preset("tiny-llama").with_(attn_dropout=0.1))))
+    return str(cfg)
+
+
 def test_sigkilled_worker_resumes_bit_identical(tmp_path, no_orphans):
-    whole = cli(*ARGS, "--ckpt-dir", tmp_path / "a")
+    model = ["--model", dropout_model(tmp_path)]
+    whole = cli(*ARGS, *model, "--ckpt-dir", tmp_path / "a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "step-4").mkdir()  # a checkpoint that was being written: no marker points at it
-    resumed = cli(*ARGS, "--ckpt-dir", tmp_path / "b", "--kill-at-step", "3", "--kill-rank", "1",
+    resumed = cli(*ARGS, *model, "--ckpt-dir", tmp_path / "b", "--kill-at-step", "3", "--kill-rank", "1",
                   "--max-restarts", "1")
     full = {s["step"]: s["loss"] for s in whole[0]["steps"]}
     for rec in resumed:  # every rank of the restarted attempt
