@@ -66,6 +66,22 @@ def test_timeout_kills_every_process_even_sigterm_proof(tmp_path, no_orphans):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
 
 
+def test_a_workers_stray_child_is_reaped_when_the_job_succeeds(tmp_path, no_orphans):
+    """A rank starts a child that outlives it (``sleep``, not waited for) and exits 0: the job succeeds, and launch()
+    stops the child anyway (it is still in torchrun's session), so nothing is left for the next test."""
+    code = textwrap.dedent(f"""
+        import os, subprocess
+        p = subprocess.Popen(["sleep", "300"])
+        open(os.path.join({str(tmp_path)!r}, "child-" + os.environ["RANK"]), "w").write(str(p.pid))
+    """)
+    t0 = time.monotonic()
+    launch_code(code, nproc=2, timeout=120, stream=False)
+    assert time.monotonic() - t0 < 60  # not held up by the child keeping the output pipe open
+    for r in (0, 1):
+        pid = int((tmp_path / f"child-{r}").read_text())
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+
+
 def test_two_launches_at_once(no_orphans):
     out, errs = [], []
 

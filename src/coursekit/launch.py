@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import secrets
 import signal
 import subprocess
 import sys
@@ -42,6 +43,30 @@ STAMP_ENV, OWNER_ENV = "COURSEKIT_LAUNCHED_BY", "COURSEKIT_LAUNCH_OWNER"
 def launch_stamp() -> str:
     """The owner stamped into every process a launch from here starts (see STAMP_ENV above)."""
     return os.environ.get(OWNER_ENV) or os.environ.get(STAMP_ENV) or str(os.getpid())
+
+
+def stamped_env(env: dict | None = None) -> dict:
+    """``env`` (default: this process's) with the launch stamp: every process the library starts carries it, so a
+    test's orphan check (tests/conftest.py) sees whatever is left behind, whichever path started it."""
+    return {**(os.environ if env is None else env), STAMP_ENV: launch_stamp()}
+
+
+LAUNCH_ID_ENV = "COURSEKIT_LAUNCH_ID"  # one launch's own mark: its leftovers, not a concurrent launch's processes
+
+
+def reap(launch_id: str, grace_s: float = 5.0) -> list[int]:
+    """Stop every live process of one launch (its environment carries ``launch_id``): a worker's child that outlived
+    it and was re-parented, whatever session it is in. The pids stopped."""
+    me, left = os.getpid(), []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != me and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(LAUNCH_ID_ENV) == launch_id:
+                left.append(p)
+        except (OSError, psutil.Error):
+            pass
+    for p in left:
+        kill_tree(p, grace_s=grace_s)
+    return [p.pid for p in left]
 
 
 _PREFIX = re.compile(r"^\[default(\d+)\]:")
@@ -243,7 +268,8 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=full_env, cwd=cwd, text=True, errors="replace", start_new_session=True,
                             preexec_fn=_die_with_parent(os.getpid()))
-    lines, timed_out = _supervise(proc, timeout=timeout, stream=stream, on_line=on_line, diagnose=diagnose)
+    lines, timed_out = _supervise(proc, timeout=timeout, stream=stream, on_line=on_line, diagnose=diagnose,
+                                  launch_id=full_env[LAUNCH_ID_ENV])
     elapsed = time.monotonic() - t0
     try:
         return _outcome(target, proc, "\n".join(lines), results_dir, logdir, nproc=nproc, timeout=timeout,
@@ -267,7 +293,7 @@ def _torchrun(target: str, is_script: bool, args, *, nproc: int, max_restarts: i
     cmd += [str(a) for a in args]
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                 "PYTHONUNBUFFERED": "1", RESULTS_ENV: str(results_dir), "COURSEKIT_LAUNCH_T0": repr(time.time()),
-                STAMP_ENV: launch_stamp(),
+                STAMP_ENV: launch_stamp(), LAUNCH_ID_ENV: secrets.token_hex(8),
                 **(env or {})}
     if max_restarts:
         # restarted gloo workers otherwise read the previous attempt's addresses from the shared store
@@ -275,7 +301,7 @@ def _torchrun(target: str, is_script: bool, args, *, nproc: int, max_restarts: i
     return cmd, full_env
 
 
-def _supervise(proc, *, timeout: float, stream: bool, on_line, diagnose) -> tuple[list[str], bool]:
+def _supervise(proc, *, timeout: float, stream: bool, on_line, diagnose, launch_id: str = "") -> tuple[list[str], bool]:
     """Pump the job's output (labelled per rank) until it ends or times out; on a timeout (after asking each worker
     for its flight-recorder dump when diagnosing) and on any interruption, kill the whole process tree."""
     lines: list[str] = []
@@ -307,6 +333,8 @@ def _supervise(proc, *, timeout: float, stream: bool, on_line, diagnose) -> tupl
                 request_dumps(diagnose)
             kill_tree(proc.pid)
         proc.wait()
+        if launch_id:  # on success too: a worker's child that outlived it (re-parented, any session)
+            reap(launch_id)
         reader.join(timeout=10)
     return lines, timed_out
 

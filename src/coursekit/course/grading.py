@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from coursekit.course.config import Course
+from coursekit.launch import stamped_env
 
 GRADE_FIELDS = ["student", "lab", "score", "max_score", "percent", "nbgrader_score", "status", "reason", "seconds"]
 EXERCISE_FIELDS = ["student", "lab", "exercise", "points", "max_points"]
@@ -294,7 +295,7 @@ class Batch:
         with self.lock:  # registered before another thread's orphan sweep can see it
             proc = subprocess.Popen([sys.executable, "-m", "coursekit.course.grading", "worker"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True, text=True, errors="replace")
+                                    start_new_session=True, text=True, errors="replace", env=stamped_env())
             self.live.add(proc.pid)
         q: queue.Queue = queue.Queue()
 

@@ -32,6 +32,7 @@ import traceback
 import types
 
 from coursekit.course import wire
+from coursekit.launch import stamped_env
 
 MAX_MESSAGE = 32 << 20  # bytes of one answer line
 
@@ -134,7 +135,7 @@ class StudentProcess:
         try:
             self.proc = subprocess.Popen(
                 argv, pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.cwd, env=self.env, start_new_session=True)
+                cwd=self.cwd, env=stamped_env(self.env), start_new_session=True)
         finally:
             os.close(req_r)
             os.close(resp_w)

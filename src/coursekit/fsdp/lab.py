@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 
+from coursekit.launch import stamped_env
+
 
 def _batch(vocab: int, batch: int = 4, seq: int = 32, seed: int = 0):
     import torch
@@ -103,7 +105,7 @@ def placements_many(configs, *, model: str = "tiny-llama", timeout: float = 300)
         cmd = [sys.executable, "-m", "coursekit.fsdp.lab", "placements", "--world", str(world), "--rank", str(rank),
                "--replicate", str(replicate), "--model", model]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env={**os.environ, "OMP_NUM_THREADS": "1"}))
+                                      env=stamped_env({**os.environ, "OMP_NUM_THREADS": "1"})))
     out = []
     try:
         for p in procs:

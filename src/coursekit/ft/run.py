@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from coursekit.launch import stamped_env
 from pathlib import Path
 
 
@@ -51,14 +53,15 @@ def run(replicas: int = 2, steps: int = 120, kill_at_step: int = 10, kill: int =
     def start(i, extra, name):
         cmd = [sys.executable, "-m", "coursekit.ft.replica", "--replica", str(i), "--steps", str(steps),
                "--step-ms", str(step_ms), "--out", str(d / f"{name}.jsonl"), *extra]
-        p = subprocess.Popen(cmd, env=dict(env, MASTER_PORT=str(_free_port())), stdout=open(d / f"{name}.log", "w"),
+        p = subprocess.Popen(cmd, env=stamped_env(dict(env, MASTER_PORT=str(_free_port()))),
+                             stdout=open(d / f"{name}.log", "w"),
                              stderr=subprocess.STDOUT)
         procs.append(p)
         return p
 
     deadline = time.monotonic() + timeout
     lh = subprocess.Popen([*lh_cmd, "--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000",
-                           "--bind", f"[::]:{lh_port}"], stdout=open(d / "lighthouse.log", "w"),
+                           "--bind", f"[::]:{lh_port}"], env=stamped_env(), stdout=open(d / "lighthouse.log", "w"),
                           stderr=subprocess.STDOUT)
     try:
         groups = {i: start(i, ["--kill-at-step", str(kill_at_step)] if i == kill else [], f"r{i}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coursekit.k8s.validate import expand
-from coursekit.launch import kill_tree
+from coursekit.launch import kill_tree, stamped_env
 
 LOOPBACK = "127.0.0.1"
 
@@ -113,7 +113,7 @@ def run_pods(docs: list[dict], *, root: Path, workdir: Path, timeout: float, bin
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     pods = [pod_processes(docs, i, root=root, workdir=workdir, ports=ports, bin_dir=bin_dir) for i in range(n)]
-    stamp = {"COURSEKIT_LAUNCHED_BY": str(os.getpid()), **(extra_env or {})}  # tests' no-orphans check finds these
+    stamp = {**stamped_env({}), **(extra_env or {})}  # tests' no-orphans check finds these
     deadline = time.monotonic() + timeout
     for containers in pods:  # init containers: to completion, in order
         for argv, env, cwd in containers[:-1]:

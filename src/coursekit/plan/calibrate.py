@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+from coursekit.launch import stamped_env
 from coursekit.spec.families import LLAMA
 
 # a Llama of many small modules (8 layers of 16 wide, 75 parameter tensors, ~29k parameters; 256 tokens, the
@@ -108,7 +109,7 @@ def dtensor_op_cost(timeout: float = 300) -> dict:
     the DTensor ops counted per TP layer (forward + backward, with and without sequence parallelism) and per DTensor
     parameter in the optimizer, for the planner's stated counts (steptime.DTENSOR_OPS_*)."""
     r = subprocess.run([sys.executable, "-m", "coursekit.plan.calibrate", "dtensor"], capture_output=True, text=True,
-                       timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                       timeout=timeout, env=stamped_env(dict(os.environ, OMP_NUM_THREADS="1")))
     if r.returncode:
         raise RuntimeError(f"DTensor calibration failed:\n{r.stderr[-3000:]}")
     d = json.loads(r.stdout.strip().splitlines()[-1])
