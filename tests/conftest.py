@@ -43,6 +43,18 @@ def assert_no_orphans(owner: int | None = None) -> None:
 
 @pytest.fixture
 def no_orphans():
-    """Fails the test if a launch made from this process, or from a subprocess of it, left any process behind."""
+    """Fails the test if a launch made from this process, or from a subprocess of it, left any process behind.
+    (Every test has the same check, ``_orphan_guard`` below; naming it says the test launches.)"""
     yield
     assert_no_orphans()
+
+
+@pytest.fixture(autouse=True)
+def _orphan_guard(request):
+    """Every test: no process the library stamped (coursekit.launch.stamped_env: launches, graders, sandboxes,
+    torchft replicas, local pods) outlives it. A module-scoped fixture's processes are torn down with it, so the
+    check runs after the test's own teardown; a fixture that keeps processes across tests marks its module with
+    ``pytestmark = pytest.mark.keeps_processes``."""
+    yield
+    if request.node.get_closest_marker("keeps_processes") is None:
+        assert_no_orphans()
