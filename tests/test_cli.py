@@ -123,6 +123,27 @@ def test_doctor_reports_the_machine():
     assert human.returncode == 0 and "What runs here" in human.stdout
 
 
+def test_doctor_says_grading_works_only_where_the_sandbox_starts(monkeypatch):
+    """nbgrader alone is not grading: `coursekit course grade` runs every submission in the OS sandbox, so doctor
+    says yes only when one starts here (a real start), and otherwise names what is missing; --help is help."""
+    import shutil
+
+    from coursekit import doctor
+    from coursekit.course.isolation import Isolation
+
+    f = {"packages": {"nbgrader": "0.9"}}
+    real = Isolation.detect()
+    assert doctor.grading(f) == (f"yes (sandbox: {real.mechanism})" if real.on else
+                                 f"no: the grading sandbox cannot start here ({real.reason}); see docs/instructors.md")
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda t, *a, **k: None if t == "bwrap" else which(t, *a, **k))
+    assert doctor.grading(f).startswith("no: the grading sandbox cannot start here (bwrap not found")
+    assert doctor.grading({"packages": {"nbgrader": None}}) == "no: needs nbgrader"
+    out = run("doctor", "--help", timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("usage: coursekit doctor")
+    assert "What runs here" not in out.stdout  # help, not the report
+
+
 def test_help_lists_every_command():
     from coursekit.cli import COMMANDS
 

@@ -157,8 +157,21 @@ def labs(f: dict) -> list[tuple[str, str]]:
                                                "(scripts/slurm-local.sh starts a local one)"))
     else:
         rows.append(("Slurm scripts (slurm/)", "no Slurm client (scripts/slurm-local.sh installs and starts one)"))
-    rows.append(("Grading (nbgrader)", "yes" if f["packages"]["nbgrader"] else "needs nbgrader"))
+    rows.append(("Grading (nbgrader)", grading(f)))
     return rows
+
+
+def grading(f: dict) -> str:
+    """Whether ``coursekit course grade`` can run here: nbgrader, and the OS sandbox every submission runs in (a
+    real start of it, ``Isolation.detect``); without one grading refuses (docs/instructors.md)."""
+    if not f["packages"].get("nbgrader"):
+        return "no: needs nbgrader"
+    from coursekit.course.isolation import Isolation
+
+    iso = Isolation.detect()
+    if not iso.on:
+        return f"no: the grading sandbox cannot start here ({iso.reason}); see docs/instructors.md"
+    return f"yes (sandbox: {iso.mechanism})"
 
 
 def peak(refresh: bool = True) -> int:
@@ -175,7 +188,15 @@ def peak(refresh: bool = True) -> int:
 
 
 def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit doctor",
+                                description="What this machine offers the course: the torch build, backends, GPUs, "
+                                            "DeepSpeed ops, Slurm, grading; and which labs run here.")
+    p.add_argument("--json", action="store_true", help="every fact as one JSON object")
+    p.add_argument("--peak", action="store_true", help="measure the dense peak that MFU is computed against")
     argv = list(argv or [])
+    p.parse_args(argv)
     if "--peak" in argv:
         return peak()
     f = facts()
