@@ -41,6 +41,21 @@ def test_print_shows_path_exchange_and_allow_root(tmp_path):
     assert ex == str(root / "course" / "exchange") and stat.S_IMODE(os.stat(ex).st_mode) & 0o1777 == 0o1777
 
 
+def test_the_pages_lab_opens_exist(tmp_path):
+    """The instructor's page is JupyterLab's root: "/lab/tree/" (an empty path) opened a "Path Not Found" dialog;
+    the learner's is the labs folder, which exists in the course."""
+    from coursekit.course.config import Course
+    from coursekit.course.lab import command
+
+    course = Course(course_copy(tmp_path / "course"))
+    urls = {mode: [a.split("=", 1)[1] for a in command(course, [], instructor=mode)[0]
+                   if a.startswith("--LabApp.default_url=")] for mode in (True, False)}
+    assert urls[True] == ["/lab"]
+    assert urls[False] == [f"/lab/tree/{course.labs.name}"] and course.labs.is_dir()
+    assert command(course, ["--LabApp.default_url=/lab/tree/x"], instructor=True)[0].count(
+        "--LabApp.default_url=/lab/tree/x") == 1  # the caller's own choice wins, once
+
+
 def test_formgrader_lists_every_lab(server):
     status, body = server.get("/formgrader/api/assignments", timeout=120)
     assert status == 200, server.log_text()[-3000:]

@@ -63,7 +63,9 @@ def command(course: Course, extra: list[str], *, instructor: bool) -> tuple[list
     env.pop("MPLBACKEND", None)  # kernels pick their inline backend: figures show in the notebook
     argv = [os.path.join(bindir, "jupyter"), "lab", f"--ServerApp.root_dir={course.root}"]
     if not any(a.startswith(("--LabApp.default_url", "--ServerApp.default_url")) for a in extra):
-        argv.append(f"--LabApp.default_url=/lab/tree/{'' if instructor else course.labs.name}")
+        # the instructor's page is JupyterLab's root (/lab): "/lab/tree/" names an empty path, which JupyterLab answers
+        # with a "Path Not Found" dialog; a learner opens the labs folder
+        argv.append(f"--LabApp.default_url={'/lab' if instructor else '/lab/tree/' + course.labs.name}")
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
         argv.append("--allow-root")
     return argv + list(extra), env
