@@ -40,17 +40,20 @@ def strategies_table(a) -> int:
 def main(argv=None) -> int:
     from coursekit import tour as T
 
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit demo", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--module", type=int, default=None, help=f"only this module ({', '.join(map(str, T.TOURS))})")
     p.add_argument("--quick", action="store_true", help="a subset of the checks (about a minute on 2 cores)")
     p.add_argument("--json", action="store_true", help="print the checks as one JSON object")
     p.add_argument("--strategies", default=None, help="instead of the tour: train these strategies, show losses")
     p.add_argument("--nproc", type=int, default=None, help="processes for --strategies runs (default: GPUs, else 2)")
-    p.add_argument("--model", default="tiny-llama")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--model", default="tiny-llama", help="model of the --strategies runs: a preset or a config.json "
+                   "(default tiny-llama)")
+    p.add_argument("--steps", type=int, default=5, help="training steps of each --strategies run (default 5)")
+    p.add_argument("--seq", type=int, default=64, help="tokens per sequence of the --strategies runs (default 64)")
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per step of the --strategies runs "
+                   "(default 8)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds one launch may take before every process is "
+                   "stopped (default 600)")
     a = p.parse_args(argv)
     if a.strategies:
         return strategies_table(a)
@@ -72,6 +75,7 @@ def main(argv=None) -> int:
         bad = [c for c in checks if not c.agree]
         print(f"\n{len(checks) - len(bad)}/{len(checks)} checks agree in {took:.0f} s"
               + ("" if not bad else f"; DISAGREE: {', '.join(c.what for c in bad)}"))
+        print("next: `coursekit lab` opens the labs in JupyterLab; `coursekit doctor` says what runs on this machine")
     return 0 if all(c.agree for c in checks) else 1
 
 

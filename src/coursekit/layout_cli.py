@@ -19,7 +19,7 @@ from coursekit.spec.run import STRATEGIES
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit layout", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit layout", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--nproc", type=int, required=True, help="world size (GPUs / processes)")
     for k, e in registry.PARALLELISMS.items():  # one degree flag per registered parallelism
         p.add_argument(f"--{k}", type=int, default=1, help=f"{e.help or k} degree (default 1)")

@@ -124,7 +124,7 @@ def format_table(rows) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False,
-                                prog="python -m coursekit.comm.bench", description=__doc__.split("\n\n")[0])
+                                prog="python -m coursekit.comm.bench", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list of: {', '.join(OPS)}")
     p.add_argument("--sizes", default="1K..64M", help="'LO..HI' (x --factor each step) or a comma list; K/M/G")
     p.add_argument("--factor", type=int, default=2, help="size multiplier between steps of a LO..HI range")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit course", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit course", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--root", default=None, help="course folder (default: nearest folder with nbgrader_config.py)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
 

@@ -72,7 +72,7 @@ def command(course: Course, extra: list[str], *, instructor: bool) -> tuple[list
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit lab", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit lab", description=__doc__.split("\n\n")[0].replace("``", ""),
                                 epilog="other arguments are passed to `jupyter lab`")
     p.add_argument("--instructor", action="store_true",
                    help="write the instructor notebooks formgrader needs (solutions/<lab>/<lab>.ipynb) first")

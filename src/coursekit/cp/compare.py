@@ -19,7 +19,7 @@ import time
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit.cp.compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit.cp.compare", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--seqs", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=None, help="default: = heads")

@@ -195,7 +195,7 @@ def shape_dict(model: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False,
-                                 prog="python -m coursekit.fsdp.lab", description=__doc__.split("\n")[0])
+                                 prog="python -m coursekit.fsdp.lab", description=__doc__.split("\n")[0].replace("``", ""))
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("placements", help="describe() rows on the fake process group, as one JSON line", allow_abbrev=False)
     p.add_argument("--world", type=int, required=True)

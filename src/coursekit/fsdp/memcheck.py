@@ -137,7 +137,7 @@ def _kinds(snap: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False,
-                                 prog="python -m coursekit.fsdp.memcheck", description=__doc__.split("\n")[0])
+                                 prog="python -m coursekit.fsdp.memcheck", description=__doc__.split("\n")[0].replace("``", ""))
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--shard", type=int, default=2)
     ap.add_argument("--rank", type=int, default=0)

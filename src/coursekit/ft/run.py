@@ -105,7 +105,7 @@ def report(d: Path, replicas: int, kill: int, kill_at_step: int) -> dict:
             "rejoined_participants": max((r["participants"] for r in after), default=0), "workdir": str(d)}
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0].replace("``", ""))
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--kill-at-step", type=int, default=10)

@@ -36,7 +36,7 @@ def checks(tour) -> list[Check]:
     plan_bytes = volume.payload_bytes(volume.ddp(f["num_params"], 2, grad_bytes=4), "all_reduce")
     got = f["comm"].get("all_reduce", {"bytes": 0, "calls": 0})
     out.append(Check(1, "DDP all-reduce bytes in one step", f"{plan_bytes:,} B", f"{got['bytes']:,} B "
-                     f"counted ({got['calls']} buckets)", plan_bytes == got["bytes"]))
+                     f"counted ({got['calls']} bucket{'s' * (got['calls'] != 1)})", plan_bytes == got["bytes"]))
     live = activation_bytes(preset("tiny-llama"), f["micro_batch"], tour.seq, dtype="fp32", attention="sdpa",
                             impl="hf", kernels="cpu", position_ids="per-sequence").total_bytes
     peaks = [r["final"]["peak_saved_bytes"] for r in ddp]

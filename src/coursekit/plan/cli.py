@@ -21,7 +21,7 @@ KERNEL = {"sdpa": "flash", "eager": "eager"}  # the trainer's attention name -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit plan", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="coursekit plan", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--model", required=True, help="preset name or path to an HF config.json")
     p.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (NVLink domain)")

@@ -20,7 +20,7 @@ CASES = ("op", "shape", "skip", "sleep", "none")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="planted", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="planted", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--case", choices=CASES, required=True)
     p.add_argument("--rank", type=int, default=1, help="the rank that goes wrong")
     p.add_argument("--at", type=int, default=3, help="the collective (1, 2, ...) where it goes wrong")

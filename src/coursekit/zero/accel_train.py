@@ -99,7 +99,7 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False,
-                                prog="coursekit.zero.accel_train", description=__doc__.split("\n\n")[0])
+                                prog="coursekit.zero.accel_train", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--model", default="tiny-llama")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
