@@ -135,11 +135,41 @@ def rank_summary(steps: list[dict], waits: list[float]) -> dict:
             "compute_ms": 1000 * _median([t - w for t, w in pairs]), "steps": len(pairs)}
 
 
-def find(per_rank: list[dict], min_ms: float = 2.0, min_frac: float = 0.10) -> dict:
+CONSISTENCY = 2 / 3  # the straggler waits least in at least this share of the steps
+NOISE_K = 3.0  # and the others' extra wait for it exceeds NOISE_K x its step-to-step spread (median abs. deviation)
+
+
+def noise_test(per_step: dict, *, floor_ms: float) -> dict:
+    """``per_step[rank]``: that rank's wait (ms) in each step (the same steps on every rank). The candidate is the
+    rank with the least median wait; per step, its gap = the others' median wait - its own. It is named only when
+    its median gap exceeds ``max(floor_ms, NOISE_K x the gaps' median absolute deviation)`` — the run's own noise,
+    measured over its repeated steps — and it is the least-waiting rank in at least ``CONSISTENCY`` of the steps: a
+    machine that deschedules a random rank now and then makes a different "straggler" each step."""
+    ranks = sorted(per_step)
+    n = min(len(per_step[r]) for r in ranks)
+    slow = min(ranks, key=lambda r: _median(per_step[r][:n]))
+    gaps = [_median([per_step[r][s] for r in ranks if r != slow]) - per_step[slow][s] for s in range(n)]
+    gap = _median(gaps)
+    noise = NOISE_K * _median([abs(g - gap) for g in gaps])
+    least = sum(min(ranks, key=lambda r: per_step[r][s]) == slow for s in range(n)) / n
+    threshold = max(floor_ms, noise)
+    named = n > 0 and gap > threshold and least >= CONSISTENCY
+    why = (f"the others wait {gap:.1f} ms per step for rank {slow} (threshold {threshold:.1f} ms: max({floor_ms:.1f} "
+           f"ms, {NOISE_K:g} x the steps' spread); it waits least in {least:.0%} of {n} steps)")
+    if not named:
+        why = (f"no rank is waited for beyond the run's noise: candidate rank {slow}, {gap:.1f} ms per step against "
+               f"a threshold of {threshold:.1f} ms (max({floor_ms:.1f} ms, {NOISE_K:g} x the steps' spread)), least "
+               f"waiting in {least:.0%} of {n} steps (needs {CONSISTENCY:.0%})")
+    return {"candidate": slow, "gap_ms": gap, "noise_ms": noise, "threshold_ms": threshold, "consistency": least,
+            "named": named, "reason": why}
+
+
+def find(per_rank: list[dict], min_ms: float = 2.0, min_frac: float = 0.10, per_step: dict | None = None) -> dict:
     """The straggler among ``per_rank`` ({"rank", "compute_ms", "wait_ms"}), or rank None with the reason.
 
     Named when the others' median wait exceeds the least-waiting rank's by over ``min_ms`` and ``min_frac`` of
-    the others' step time."""
+    the others' step time; with ``per_step`` (each rank's wait in each step, ms) also beyond the run's own
+    step-to-step noise, consistently (``noise_test``)."""
     out = {"method": METHOD, "per_rank": per_rank, "rank": None, "slowdown_ms": None}
     if len(per_rank) < 2:
         return dict(out, reason="one rank: nobody to wait for")
@@ -147,8 +177,18 @@ def find(per_rank: list[dict], min_ms: float = 2.0, min_frac: float = 0.10) -> d
     others = [r for r in per_rank if r is not slow]
     gap = _median([r["wait_ms"] for r in others]) - slow["wait_ms"]
     base = _median([r["step_ms"] - r["wait_ms"] for r in others])
+    floor = max(min_ms, min_frac * base)
     out.update(candidate=slow["rank"], gap_ms=gap)
-    if gap <= max(min_ms, min_frac * base):
+    if per_step is not None:
+        t = noise_test(per_step, floor_ms=floor)
+        out.update(candidate=t["candidate"], gap_ms=t["gap_ms"], noise_ms=t["noise_ms"], threshold_ms=t["threshold_ms"],
+                   consistency=t["consistency"])
+        if not t["named"]:
+            return dict(out, reason=t["reason"])
+        gap, slow = t["gap_ms"], next(r for r in per_rank if r["rank"] == t["candidate"])
+        return dict(out, rank=slow["rank"], slowdown_ms=gap, slowdown_x=(base + gap) / base if base > 0 else None,
+                    reason=t["reason"])
+    if gap <= floor:
         return dict(out, reason=f"no rank is waited for over max({min_ms} ms, {min_frac:.0%} of compute)")
     return dict(out, rank=slow["rank"], slowdown_ms=gap, slowdown_x=(base + gap) / base if base > 0 else None,
                 reason=f"the others wait {gap:.1f} ms per step for rank {slow['rank']}")
@@ -165,7 +205,8 @@ def gather_and_find(steps: list[dict], rank: int, rec: CollectiveRecorder) -> di
     waits = peer_waits([d for _, d, _ in every])
     per_rank = [dict(rank=r, **rank_summary([{"step_time_s": t} for t in ts], w))
                 for (r, _, ts), w in zip(every, waits)]
-    return find(per_rank)
+    skip = 1 if min(len(w) for w in waits) > 1 else 0  # the first step is warm-up, as in rank_summary
+    return find(per_rank, per_step={r: [1000 * x for x in w[skip:]] for (r, _, _), w in zip(every, waits)})
 
 
 def line(s: dict | None) -> str:

@@ -36,6 +36,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from coursekit.profiling.stragglers import noise_test
+
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NCCL = re.compile(r"^nccl.*Kernel")  # HTA's communication-kernel rule
 
@@ -201,15 +203,25 @@ def waits(ranks) -> None:
                 s["wait_ms"] += (s["_comm"][k][1] - fastest) * 1e-3
 
 
-def straggler(ranks, min_ms: float = 1.0) -> dict | None:
-    """The rank the others wait for, if they wait on average over ``min_ms`` per step more than it does."""
+def straggler_test(ranks, min_ms: float = 1.0) -> dict | None:
+    """``coursekit.profiling.stragglers.noise_test`` on the traced steps: the candidate, its gap, the threshold
+    (``min_ms`` or the run's own step-to-step noise) and whether it is named; None with fewer than 2 ranks."""
     if len(ranks) < 2:
         return None
+    common = sorted(set.intersection(*({s["step"] for s in r["steps"]} for r in ranks)))
+    per_step = {r["rank"]: [next(s["wait_ms"] for s in r["steps"] if s["step"] == n) for n in common] for r in ranks}
+    return noise_test(per_step, floor_ms=min_ms) if common else None
+
+
+def straggler(ranks, min_ms: float = 1.0) -> dict | None:
+    """The rank the others wait for: beyond ``min_ms`` per step and beyond the run's own noise over its steps, in
+    most steps (``straggler_test``); None when no rank is."""
+    t = straggler_test(ranks, min_ms)
+    if not t or not t["named"]:
+        return None
     per = {r["rank"]: r["total"]["wait_ms"] / max(len(r["steps"]), 1) for r in ranks}
-    slow = min(per, key=per.get)
-    others = [v for k, v in per.items() if k != slow]
-    gap = sum(others) / len(others) - per[slow]
-    return {"rank": slow, "slowdown_ms_per_step": gap, "wait_ms_per_step": per} if gap > min_ms else None
+    return {"rank": t["candidate"], "slowdown_ms_per_step": t["gap_ms"], "wait_ms_per_step": per,
+            "threshold_ms": t["threshold_ms"]}
 
 
 def analyse(folder, top: int = 5) -> dict:
@@ -223,7 +235,9 @@ def analyse(folder, top: int = 5) -> dict:
         for s in r["steps"]:
             s.pop("_comm")
         r["total"] = _total(r["steps"])
-    return {"folder": str(folder), "ranks": ranks, "straggler": straggler(ranks)}
+    test = straggler_test(ranks)
+    return {"folder": str(folder), "ranks": ranks, "straggler": straggler(ranks),
+            "straggler_reason": test["reason"] if test else "one rank: nobody to wait for"}
 
 
 def table(res) -> str:
@@ -239,6 +253,7 @@ def table(res) -> str:
             ops = ", ".join(f"{k} {v:.2f}" for k, v in s["top_ops"][:3])
             lines.append(f"{r['rank']:>4} {s['step']:>5} " + " ".join(fmt(s.get(c)) for c in cols) + "  " + ops)
     g = res["straggler"]
-    lines.append(f"straggler: rank {g['rank']} (the others wait {g['slowdown_ms_per_step']:.1f} ms per step for it)"
-                 if g else "straggler: none (no rank waits over 1 ms per step more than another)")
+    lines.append(f"straggler: rank {g['rank']} (the others wait {g['slowdown_ms_per_step']:.1f} ms per step for it, "
+                 f"over the {g['threshold_ms']:.1f} ms threshold)" if g else
+                 f"straggler: none ({res.get('straggler_reason', 'no rank waits more than the threshold')})")
     return "\n".join(lines)
