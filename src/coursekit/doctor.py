@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 
+from coursekit.course.isolation import Isolation
+
 
 def _version(pkg: str) -> str | None:
     try:
@@ -166,8 +168,6 @@ def grading(f: dict) -> str:
     real start of it, ``Isolation.detect``); without one grading refuses (docs/instructors.md)."""
     if not f["packages"].get("nbgrader"):
         return "no: needs nbgrader"
-    from coursekit.course.isolation import Isolation
-
     iso = Isolation.detect()
     if not iso.on:
         return f"no: the grading sandbox cannot start here ({iso.reason}); see docs/instructors.md"
