@@ -163,7 +163,13 @@ def test_cp_compare_counts_what_the_volume_model_says():
     rows = launch("coursekit.cp.compare", ["--seqs", "32", "64", "--heads", "4", "--head-dim", "8", "--iters", "1"],
                   nproc=2, timeout=180, stream=False).results[0]
     assert [(r["seq"], r["impl"]) for r in rows] == [(32, "ulysses"), (32, "ring"), (64, "ulysses"), (64, "ring")]
+    b, heads, d, C, P = 1, 4, 8, 2, 4  # the arguments above; fp32; K/V heads = heads
     for r in rows:
-        assert r["sent_bytes"] == r["model_bytes"] > 0, r
+        chunk = b * (r["seq"] // C) * heads * d * P  # one rank's q (or k, v, out) in bytes
+        if r["impl"] == "ulysses":  # 4 all-to-alls forward (q, k, v, out), 4 backward; a rank keeps 1/C of each
+            want = 8 * chunk * (C - 1) / C
+        else:  # K and V blocks to the next rank, C-1 times forward, C-1 again backward, plus dK and dV C-1 times
+            want = 3 * (C - 1) * 2 * chunk
+        assert r["sent_bytes"] == want == r["model_bytes"], r  # derived here, not through volume.busbw_factor
         assert r["ms"] > 0
     assert rows[2]["sent_bytes"] == 2 * rows[0]["sent_bytes"]  # bytes grow linearly with the sequence
