@@ -6,7 +6,7 @@ saved-for-backward storages, deduplicated) and splits the bytes by module; ``mod
 calculator (``coursekit.memory.activations``, ``cp=C``) predicts for the same tensors, plus what it does not model.
 
 What each implementation keeps, per rank, with n = b·s/C tokens, a heads, kvh K/V heads, d head dim, P bytes:
-    ring     q, k, v of its own rows, the output, fp32 log-sum-exp: n·(a + 2·kvh)·d·P + 4·n·a — exactly the
+    ring     q, k, v of its own rows, the output, fp32 log-sum-exp: n·(a + 2·kvh)·d·P + n·a·d·P + 4·n·a — the
              calculator's flash-attention terms at s/C (``attn.q_rope`` ... ``attn.core_out``); the output is stored
              so that o_proj's input is the same storage.
     ulysses  the local SDPA saves its head-sharded q, k, v, output and log-sum-exp (the same sizes), *and* o_proj
@@ -71,15 +71,16 @@ def measured_bytes(block: AttentionBlock, x: torch.Tensor) -> dict[str, int]:
 def modelled_bytes(impl: str, *, batch: int, seq: int, hidden: int, heads: int, kv_heads: int, cp: int,
                    dtype: str = "fp32") -> dict[str, int]:
     """The attention terms modelled two ways (HF Llama on CPU, flash SDPA): derived by hand here — ring's flash
-    terms at s/C plus, for Ulysses, the terms ring does not have — and as the calculator counts them with
-    ``cp_impl``. Returns {"ring_terms", "ulysses_extra", "attention": their sum, "calculator"}."""
+    terms at s/C (q, k and v of the rank's n = b·s/C rows, the output, the fp32 log-sum-exp) plus, for Ulysses, the
+    terms ring does not have — and as the calculator counts them with ``cp_impl``. Returns {"ring_terms",
+    "ulysses_extra", "attention": their sum, "calculator"}."""
     from coursekit.memory.activations import DTYPE_BYTES, activation_bytes
     from coursekit.memory.shapes import ModelShape
 
     shape = ModelShape(layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=256, ffn=hidden)
     attn = lambda terms: sum(v for k, v in terms.items() if k.startswith("attn."))  # noqa: E731
-    ring = attn(activation_bytes(shape, batch, seq, dtype=dtype, kernels="cpu", cp=cp).per_layer)
     P, d, n = DTYPE_BYTES[dtype], hidden // heads, batch * seq // cp
+    ring = n * (heads + 2 * kv_heads) * d * P + n * heads * d * P + 4 * n * heads  # q k v, out, fp32 LSE
     extra = 0
     if impl == "ulysses" and cp > 1:
         extra += n * heads * d * P  # the output twice: head-sharded (saved by SDPA) and sequence-sharded (o_proj)
