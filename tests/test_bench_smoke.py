@@ -235,3 +235,17 @@ def test_bench_moe(no_orphans):
         assert r["saved_bytes"] == r["saved_predicted"] > 0
     assert [r["aux_loss_coef"] for r in d["aux_loss"]] == ["0", "default", "0.1"]
     assert all(r["imbalance_first"] >= 1 and math.isfinite(r["loss_last"]) for r in d["aux_loss"])
+
+
+@pytest.mark.slow  # mutmut over one module (~20-40 s): the score is a benchmark figure, not a default-tier check
+def test_bench_mutation_scores_one_module():
+    """bench/bench_mutation.py on flops: one row whose counts add up (every mutant killed, surviving or not reached)
+    and whose score is killed / mutants; the fast tests do kill some."""
+    import re
+
+    out = bench("bench_mutation.py", "flops", timeout=900)
+    row = next(ln for ln in out.splitlines() if ln.startswith("flops "))
+    mutants, killed, survived, unreached = map(int, row.split()[1:5])
+    score = float(re.search(r"([\d.]+)%", row).group(1))
+    assert mutants == killed + survived + unreached and killed > 0, row
+    assert score == pytest.approx(100 * killed / mutants, abs=0.05), row

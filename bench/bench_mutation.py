@@ -1,7 +1,7 @@
 """Mutation score of the pure-Python core: how many small planted bugs (mutmut 3's mutants) the fast tests kill.
 
-    .venv/bin/python bench/mutation_score.py                      # every module below (minutes to an hour)
-    .venv/bin/python bench/mutation_score.py comm.volume flops    # some of them
+    .venv/bin/python bench/bench_mutation.py                      # every module below (minutes to an hour)
+    .venv/bin/python bench/bench_mutation.py comm.volume flops    # some of them
 
 For each module: a copy of the repository (its tracked files) in a temporary folder, ``[tool.mutmut]`` pointing at
 that one file and at its fast tests (pure Python: no launch), ``mutmut run``, and one row: mutants, killed,
