@@ -2,6 +2,8 @@
 the same matmuls of known shapes, so there is nothing to round."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.utils.checkpoint
@@ -74,3 +76,54 @@ def test_conventions():
     u = mfu(8 * 3000.0, shape, 8192, 989.4e12, n_gpus=8)
     assert u == pytest.approx(3000 * flops_per_token(shape, 8192) / 989.4e12)
     assert flops_per_step(shape, 1, 8192, recompute="full")["recompute"] > 0
+
+
+def test_the_attention_terms_and_recompute_written_out_by_hand():
+    """The terms coursekit.flops names, each written out here from the shape (not from the module): the attention
+    core's forward is 2 matmuls of b·a·s²·d multiply-adds per layer (QKᵀ, PV), its backward twice that, and SDPA's
+    recomputing backward half a forward more; selective recompute re-runs that core, full recompute every block;
+    causal halves the core."""
+    shape, b, s = preset("tiny-llama"), 2, 32
+    L, a, d, n = shape.layers, shape.heads, shape.head_dim, matmul_params(shape)
+    core = 4 * L * b * a * s * s * d  # forward FLOPs of the attention core (2 FLOPs per multiply-add)
+    plain = flops_per_step(shape, b, s)
+    assert plain["dense"] == 6 * n * b * s and plain["attention"] == 3 * core and plain["recompute"] == 0
+    assert plain["total"] == 6 * n * b * s + 3 * core
+    assert flops_per_step(shape, b, s, sdpa_backward_recompute=True)["attention"] == 3.5 * core
+    sel = flops_per_step(shape, b, s, recompute="selective")
+    assert sel["recompute"] == core and sel["total"] == plain["total"] + core
+    full = flops_per_step(shape, b, s, recompute="full")
+    blocks = 2 * (n - shape.vocab * shape.hidden) * b * s + core  # every block's forward, not the head
+    assert full["recompute"] == blocks and full["total"] == plain["total"] + blocks
+    assert flops_per_step(shape, b, s, causal=True)["attention"] == 1.5 * core
+    assert flops_per_token(shape, s, causal=True) == (6 * n * s + 1.5 * core / b) / s
+    assert flops_per_token(shape, s) == 6 * n + 12 * L * a * d * s
+
+
+def test_a_moe_model_counts_whole_active_parameters():
+    """Active matmul parameters of a mixture of experts are a whole number: the router plus top_k of the experts."""
+    for name in ("tiny-mixtral", "tiny-qwen3-moe"):
+        shape = preset(name)
+        assert isinstance(matmul_params(shape), int) and matmul_params(shape) > 0, name
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda: flops_per_step("tiny-llama", 0, 8), "batch must be > 0"),
+    (lambda: flops_per_step("tiny-llama", 1, 0), "seq must be > 0"),
+    (lambda: flops_per_step("tiny-llama", 1, 8, recompute="some"), "unknown recompute 'some'; choose one of: none, "
+                                                                   "selective, full"),
+    (lambda: mfu(-1, "tiny-llama", 8, 1e12), "tokens_per_s must be >= 0 and peak_flops > 0"),
+    (lambda: mfu(10, "tiny-llama", 8, 0), "tokens_per_s must be >= 0 and peak_flops > 0"),
+    (lambda: mfu(10, "tiny-llama", 8, 1e12, n_gpus=0), "n_gpus must be > 0"),
+])
+def test_bad_input_names_the_argument(call, needle):
+    from coursekit.memory import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{re.escape(needle)}"):
+        call()
+
+
+def test_mfu_at_the_edges_of_its_range():
+    assert mfu(0, "tiny-llama", 8, 1e12) == 0.0  # an idle job has MFU 0, it is not an error
+    per_token = flops_per_token("tiny-llama", 8)
+    assert mfu(4, "tiny-llama", 8, 0.5, n_gpus=2) == 4 * per_token / (2 * 0.5)  # any positive peak
