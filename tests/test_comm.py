@@ -115,3 +115,64 @@ def test_benchmark_rejects_bad_input_before_launching():
     from coursekit.comm.bench import main
 
     assert main(["--ops", "all_reduce", "--sizes", "1Q"]) == 2
+
+
+def _calls(plan) -> dict:
+    return {(c.op, c.bytes, c.group_size): c.count for c in plan}
+
+
+def test_context_parallel_volumes_written_out_by_hand():
+    """Ulysses and Ring Attention per layer and micro-batch, counted on paper for b 2, s 64, 8 heads, 2 K/V heads,
+    d 16, bf16, over C ranks. Ulysses: q and out are b·(s/C)·8·16 elements, k and v b·(s/C)·max(2, C)·16; 4
+    all-to-alls forward, 4 backward. Ring: the K/V block 2·b·2·(s/C)·16 elements goes round C-1 times forward and
+    C-1 times backward, plus C-1 fp32 dK/dV blocks; every send has its receive."""
+    b, s, a, kv, d = 2, 64, 8, 2, 16
+    for C in (2, 4):
+        n = b * s // C * d * 2  # bytes of one head's slice of this rank's rows
+        u = volume.ulysses_attention(b, s, a, kv, d, C, layers=3, micro_batches=2)
+        assert _calls(u) == {("all_to_all", n * a, C): 4 * 3 * 2, ("all_to_all", n * max(kv, C), C): 4 * 3 * 2}
+        fwd = volume.ulysses_attention(b, s, a, kv, d, C, backward=False)
+        assert _calls(fwd) == {("all_to_all", n * a, C): 2, ("all_to_all", n * max(kv, C), C): 2}
+        block = 2 * b * kv * (s // C) * d
+        r = volume.ring_attention(b, s, kv, d, C, layers=3)
+        assert _calls(r) == {("send", block * 2, C): 2 * 3 * (C - 1), ("recv", block * 2, C): 2 * 3 * (C - 1),
+                             ("send", block * 4, C): 3 * (C - 1), ("recv", block * 4, C): 3 * (C - 1)}
+        assert _calls(volume.ring_attention(b, s, kv, d, C, backward=False)) == {
+            ("send", block * 2, C): C - 1, ("recv", block * 2, C): C - 1}
+    assert volume.ulysses_attention(b, s, a, kv, d, 1) == [] and volume.ring_attention(b, s, kv, d, 1) == []
+    for bad in (dict(seq=63), dict(batch=0), dict(kv_heads=0), dict(head_dim=0), dict(cp=0)):
+        args = dict(batch=b, seq=s, kv_heads=kv, head_dim=d, cp=2) | bad
+        with pytest.raises(ValueError, match="need positive sizes and seq divisible by cp"):
+            volume.ring_attention(**args)
+        with pytest.raises(ValueError, match="need positive sizes and seq divisible by cp"):
+            volume.ulysses_attention(heads=a, **args)
+    with pytest.raises(ValueError, match="need positive sizes"):
+        volume.ring_attention(b, s, kv, d, 2, layers=0)
+    with pytest.raises(ValueError, match="need positive sizes"):
+        volume.ulysses_attention(b, s, a, kv, d, 2, micro_batches=0)
+
+
+def test_expert_parallel_volumes_written_out_by_hand():
+    """Two EP ranks, 4 experts (rank 0 holds experts 0-1, rank 1 experts 2-3). Rank 0's router sent 3, 1, 2, 4
+    (token, choice) pairs to experts 0..3, rank 1's 5, 0, 1, 1: rank 0 sends 3+1 = 4 rows to itself and 2+4 = 6 to
+    rank 1, rank 1 sends 5 to rank 0 and 2 to itself. Rank 0's dispatch input is its 10 rows, its combine input
+    the 9 rows it computed (4 + 5); hidden 8, fp32; plus one all-to-all of 4 int64 counts; backward twice more."""
+    counts = [[3, 1, 2, 4], [5, 0, 1, 1]]
+    send, recv = volume.expert_rows(counts, 2)
+    assert send == [[4, 6], [5, 2]] and recv == [[4, 5], [6, 2]]
+    plan = volume.moe_all_to_all(send[0], recv[0], hidden=8, experts=4, ep=2)
+    assert _calls(plan) == {("all_to_all", 4 * 8, 2): 1, ("all_to_all", 10 * 8 * 4, 2): 2,
+                            ("all_to_all", 9 * 8 * 4, 2): 2}
+    fwd = volume.moe_all_to_all(send[1], recv[1], hidden=8, experts=4, ep=2, act_bytes=2, backward=False)
+    assert _calls(fwd) == {("all_to_all", 4 * 8, 2): 1, ("all_to_all", 7 * 8 * 2, 2): 1, ("all_to_all", 8 * 8 * 2, 2): 1}
+    assert volume.moe_all_to_all([5], [5], hidden=8, experts=4, ep=1) == []
+    # two layers; in the second, rank 0's router gives 5, 0, 1, 1 and rank 1's 3, 1, 2, 4: rank 0 sends 5 + 2 = 7
+    # rows and its experts (0-1) compute 5 + 4 = 9
+    group = [[counts[0], counts[1]], [counts[1], counts[0]]]
+    plan, rows = volume.moe_step(group, 0, hidden=8, experts=4)
+    assert rows == [9, 9]
+    assert _calls(plan) == {("all_to_all", 32, 2): 2, ("all_to_all", 10 * 32, 2): 2, ("all_to_all", 9 * 32, 2): 4,
+                            ("all_to_all", 7 * 32, 2): 2}
+    for bad in ([[1, 2, 3, 4]], [[1, 2, 3], [1, 2, 3]], [[1, 2, 3, 4], [1, 2]]):
+        with pytest.raises(ValueError, match="one count per expert for each of the 2 EP ranks"):
+            volume.expert_rows(bad, 2)
