@@ -91,7 +91,7 @@ def _strategy(kw: dict, knobs: dict) -> tuple[str, int | None]:
     strategy, engine, zero = kw.pop("strategy", None), kw.pop("engine", None), kw.pop("zero", None)
     if strategy is None:
         engine = choice("engine", engine or "deepspeed", engines.REGISTRY)
-        stages = sorted({e.zero for e in registry.STRATEGIES.values() if e.engine == engine} - {None})
+        stages = registry.zero_stages(engine)
         if not stages and zero not in (None, 0):
             raise ConfigError(f"zero stages are DeepSpeed's; engine {engine!r} needs zero 0")
         if stages and (zero or 0) not in stages:

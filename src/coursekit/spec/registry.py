@@ -98,12 +98,16 @@ OPTIONS = {
 }
 
 
+def zero_stages(engine: str) -> list[int]:
+    """The ZeRO stages the registry's strategies of ``engine`` fix (deepspeed: 0-3; others none)."""
+    return sorted({e.zero for e in STRATEGIES.values() if e.engine == engine} - {None})
+
+
 def strategy_for(engine: str, zero: int | None = None, *, hybrid: bool = False) -> str | None:
     """The strategy that runs the calculator's ``engine`` (at ZeRO stage ``zero``; ``hybrid``: HSDP's replicas of
     shard groups) on any number of ranks: the registry read backwards (deepspeed 3 -> zero3, fsdp2 -> fsdp2 or
     hsdp, ddp -> ddp); None if no entry runs it."""
-    stages = {e.zero for e in STRATEGIES.values() if e.engine == engine} - {None}
-    want = (zero or 0) if stages else None
+    want = (zero or 0) if zero_stages(engine) else None
     return next((n for n, e in STRATEGIES.items() if e.engine == engine and e.world == "any" and e.zero == want
                  and (e.flavour == "hybrid") == hybrid), None)
 
