@@ -3,7 +3,9 @@
     python -m coursekit.fsdp.memcheck --shard 3 --rank 2          # one JSON line: measured bytes
     measure(shard=3, rank=2, reshard=True)                         # the same, in the calling process
 
-FSDP2 runs over torch's *fake* process group (``init_process_group("fake", rank=r, world_size=N)``): collectives
+The model, its ``fully_shard`` units and AdamW are the trainer's (``coursekit.parallel.run.build_run`` with
+``--strategy fsdp2 --dp-shard N``): what is measured is what ``coursekit train`` holds. FSDP2 runs over torch's
+*fake* process group (``init_process_group("fake", rank=r, world_size=N)``): collectives
 move no data, but every tensor has the shape it has on rank r of N, so what rank r allocates is exact. Two
 measurements of one training step (forward, loss, backward, AdamW step):
 
@@ -26,70 +28,100 @@ from __future__ import annotations
 import argparse
 import json
 
-from coursekit.measure.states import param_kind_bytes, tensor_bytes  # the one storage walk (imports torch)
+import torch
+import torch.distributed as dist
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from coursekit import options
+from coursekit.data import Batch
+from coursekit.dist import DistInfo
+from coursekit.measure import state_bytes
+from coursekit.measure.states import param_kind_bytes, tensor_bytes  # the one storage walk
+from coursekit.models import blocks
+from coursekit.parallel.api import adamw
+from coursekit.parallel.loss import cross_entropy
+from coursekit.parallel.run import build_run
 
 
 def measure(*, model: str = "tiny-llama", shard: int = 2, rank: int = 0, reshard: bool | int = True,
             offload: bool = False, batch: int = 2, seq: int = 32, seed: int = 0, qlora: dict | None = None) -> dict:
-    import torch
-    import torch.distributed as dist
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from coursekit.measure import state_bytes
-    from coursekit.models import blocks, build_model
-    from coursekit.parallel.api import adamw
-    from coursekit.parallel.loss import cross_entropy
-
     dist.init_process_group("fake", rank=rank, world_size=shard, store=FakeStore())
     try:
-        if qlora is not None:
-            from coursekit.fsdp.qlora import qlora_model
-
-            m = qlora_model(model, seed=seed, **qlora)
+        if qlora is None:
+            m, opt, units, batches = _trainer_fsdp2(model, shard, rank, reshard, offload, batch, seq, seed)
         else:
-            m = build_model(model, seed=seed)
-        pol = CPUOffloadPolicy(pin_memory=False) if offload else OffloadPolicy()
-        units = list(blocks(m.base_model.model if qlora is not None else m))
-        for b in units:
-            fully_shard(b, reshard_after_forward=reshard, offload_policy=pol)
-        fully_shard(m, reshard_after_forward=False, offload_policy=pol)
-        opt = adamw([p for p in m.parameters() if p.requires_grad], lr=1e-3)
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randint(0, m.config.vocab_size, (batch, seq + 1), generator=g)
-        seen: dict = {}
-        probe = _UnitProbe([*units, m], seen)
-
-        def step():
-            loss = cross_entropy(m(input_ids=x[:, :-1]).logits, x[:, 1:])
-            seen.setdefault("after_forward", probe.held())
-            loss.backward()
-            opt.step()
-            return loss
-
-        step()  # optimizer states exist from here on: the next step is steady
-        opt.zero_grad(set_to_none=True)
-        seen.clear()
-        tracker = FSDPMemTracker(m, opt)
-        tracker.track_inputs((x,))
-        with tracker:
-            step()
-            held = state_bytes(m, opt)
-            kinds = _by_kind(m) if qlora is not None else None
-        snaps = tracker.memory_tracking
-        peak_bw = _kinds(snaps[m].snapshots["Peak Backward"][-1])
-        buffers = {"all_gather": 0, "reduce_scatter": 0}
-        for mod_stats in snaps.values():
-            for per_state in mod_stats.snapshots.values():
-                for snap in per_state:
-                    k = _kinds(snap)
-                    for b in buffers:
-                        buffers[b] = max(buffers[b], k.get(b, 0))
-        return {"shard": shard, "rank": rank, "reshard": reshard, "offload": offload, "held": held,
-                "peak_backward": peak_bw, "max_buffers": buffers, "units": seen, "kinds": kinds}
+            m, opt, units, batches = _qlora_fsdp2(model, qlora, reshard, offload, batch, seq, seed)
+        return {"shard": shard, "rank": rank, "reshard": reshard, "offload": offload,
+                **_tracked_step(m, opt, units, batches, kinds=qlora is not None)}
     finally:
         dist.destroy_process_group()
+
+
+def _trainer_fsdp2(model, shard, rank, reshard, offload, batch, seq, seed):
+    """The model, optimizer, units and a step's micro-batch exactly as ``coursekit train --strategy fsdp2`` builds
+    them on rank ``rank`` of ``shard`` (``coursekit.parallel.run.build_run``: the trainer's wrap and AdamW)."""
+    opts = options.build({"strategy": "fsdp2", "dp_shard": shard, "model": model, "seq": seq, "micro_batch": batch,
+                          "seed": seed, "reshard_after_forward": str(reshard).lower(),
+                          "offload": "cpu" if offload else "none"})
+    info = DistInfo(rank=rank, world_size=shard, local_rank=rank, local_world_size=shard, backend="fake",
+                    device="cpu", source="single")
+    run = build_run(info, opts)
+    s = run.strategy
+    return s.model, s.optimizer, [*s.units, s.model], run.micro_batches(0)
+
+
+def _qlora_fsdp2(model, qlora, reshard, offload, batch, seq, seed):
+    """coursekit.fsdp.qlora's NF4 + LoRA model (what ``coursekit.fsdp.qlora_run`` trains), sharded per block then
+    the root, AdamW on the adapters; one micro-batch of random tokens."""
+    from coursekit.fsdp.qlora import qlora_model
+
+    m = qlora_model(model, seed=seed, **qlora)
+    pol = CPUOffloadPolicy(pin_memory=False) if offload else OffloadPolicy()
+    units = list(blocks(m.base_model.model))
+    for b in units:
+        fully_shard(b, reshard_after_forward=reshard, offload_policy=pol)
+    fully_shard(m, reshard_after_forward=False, offload_policy=pol)
+    opt = adamw([p for p in m.parameters() if p.requires_grad], lr=1e-3)
+    x = torch.randint(0, m.config.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(seed))
+    return m, opt, [*units, m], [Batch(x[:, :-1], x[:, 1:], torch.arange(seq).expand(batch, seq))]
+
+
+def _tracked_step(m, opt, units, batches, *, kinds: bool) -> dict:
+    """One warm-up step (AdamW's states exist from then on), then one steady step under FSDPMemTracker and the unit
+    probe; what is held is read after the optimizer step, before gradients are dropped."""
+    seen: dict = {}
+    probe = _UnitProbe(units, seen)
+
+    def after_forward(*_):  # the root's forward has ended: every block has resharded (returns None: output kept)
+        seen.setdefault("after_forward", probe.held())
+    m.register_forward_hook(after_forward)
+
+    def step():
+        for b in batches:
+            cross_entropy(m(input_ids=b.input_ids, position_ids=b.position_ids).logits, b.labels).backward()
+        opt.step()
+
+    step()
+    opt.zero_grad(set_to_none=True)
+    seen.clear()
+    tracker = FSDPMemTracker(m, opt)
+    tracker.track_inputs(tuple(b.input_ids for b in batches))
+    with tracker:
+        step()
+        held = state_bytes(m, opt)
+        by_kind = _by_kind(m) if kinds else None
+    snaps = tracker.memory_tracking
+    peak_bw = _kinds(snaps[m].snapshots["Peak Backward"][-1])
+    buffers = {"all_gather": 0, "reduce_scatter": 0}
+    for mod_stats in snaps.values():
+        for per_state in mod_stats.snapshots.values():
+            for snap in per_state:
+                k = _kinds(snap)
+                for b in buffers:
+                    buffers[b] = max(buffers[b], k.get(b, 0))
+    return {"held": held, "peak_backward": peak_bw, "max_buffers": buffers, "units": seen, "kinds": by_kind}
 
 
 class _UnitProbe:
@@ -108,7 +140,7 @@ class _UnitProbe:
             g.pre_backward = pre_backward
 
     def held(self) -> dict:
-        from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+        from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState  # torch's private module
 
         gathered = post_forward = 0
         for g in self.groups:

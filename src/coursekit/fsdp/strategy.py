@@ -114,7 +114,7 @@ class FSDP2(Strategy):
 
         with CollectiveCounter() as cc:
             loss = super().train_step(micro_batches, measure=True)
-        self.collectives = collective_plan(cc)
+        self.collectives = cc.step_plan()
         self.last_state_bytes["collectives"] = self.collectives  # held bytes were taken inside the step
         return loss
 
@@ -151,16 +151,6 @@ def unit_shapes(module, root: bool = False) -> list[list[int]]:
     state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
     group = state._fsdp_param_group if state is not None else None
     return [list(fp._orig_size) for fp in group.fsdp_params] if group is not None else []
-
-
-def collective_plan(counter) -> dict:
-    """The counted step as JSON: per-op summary and the merged (op, bytes, dtype, group size, count) list."""
-    from collections import Counter
-
-    calls = Counter((r.op, r.bytes, r.dtype, r.group_size) for r in counter.records)
-    return {"summary": counter.summary(),
-            "calls": [{"op": op, "bytes": b, "dtype": dt, "group_size": n, "count": k}
-                      for (op, b, dt, n), k in sorted(calls.items())]}
 
 
 @contextlib.contextmanager
