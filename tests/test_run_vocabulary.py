@@ -28,7 +28,6 @@ KNOWN = {
     ("--microbatches", "default"): "the alias of --grad-accum, as above",
     ("--offload", "subset"): "the trainer offloads to CPU (FSDP2's CPUOffloadPolicy); the calculator also models "
                              "DeepSpeed's NVMe (ZeRO-Infinity)",
-    ("--reshard-after-forward", "default"): "the calculator's None means true unless --no-reshard (its older flag)",
     ("--gpus-per-node", "default"): "the planner assumes 8-GPU nodes; layout shows no nodes unless asked",
     ("--gpu", "default"): "the planner prices an H100 by default; the calculator checks a fit only when asked",
     ("--ep", "default"): "the planner's --ep filters its search (None: every degree); the others' is the run's (1)",

@@ -57,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--world", type=int, help="total ranks (= dp·tp·pp·cp)")
     a("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage (default 0)")
     a("--engine", choices=list(ENGINES), help="data-parallel engine (default deepspeed; or set by --strategy)")
-    a("--no-reshard", action="store_true", help="FSDP2 reshard_after_forward=False")
-    a("--reshard-after-forward", help="FSDP2 (the trainer's flag): true, false, or N ranks to reshard to")
+    reshard = p.add_mutually_exclusive_group()
+    reshard.add_argument("--reshard-after-forward", default="true",
+                         help="FSDP2 (the trainer's flag): true, false, or N ranks to reshard to")
+    reshard.add_argument("--no-reshard", action="store_true", help="the older spelling of --reshard-after-forward false")
     a("--qlora", action="store_true", help="FSDP2: frozen NF4 base + LoRA adapters (coursekit.memory.qlora)")
     a("--lora-rank", type=int, help="QLoRA adapter rank (default 8)")
     a("--lora-targets", help="QLoRA: comma-separated projections with adapters (default: all seven)")
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _config_kwargs(ns: argparse.Namespace) -> dict:
     kw = dict(batch=ns.batch, seq=ns.seq, dtype=ns.dtype, precision=ns.precision, optimizer=ns.optimizer,
               attention=ns.attention, impl=ns.impl, kernels=ns.kernels, recompute=ns.recompute, dropout=ns.dropout,
-              dp=ns.dp, world=ns.world, fsdp_reshard=not ns.no_reshard, ddp_bucket_view=not ns.no_bucket_view,
+              dp=ns.dp, world=ns.world, ddp_bucket_view=not ns.no_bucket_view,
               hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, ep=ns.ep, cp_impl=ns.cp_impl,
               position_ids=ns.position_ids, microbatches=ns.microbatches,
               pp_schedule=ns.pp_schedule, pp_virtual=ns.pp_virtual, pp_runtime=ns.pp_runtime, offload=ns.offload,
@@ -124,15 +126,11 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
 
 def _fsdp_kwargs(ns: argparse.Namespace) -> dict:
     kw = {}
-    r = ns.reshard_after_forward
-    if r is not None:
-        t = r.strip().lower()
-        if t not in ("true", "false") and not t.isdigit():
-            raise ConfigError(f"--reshard-after-forward takes true, false or a number of ranks, got {r!r}")
-        value = t == "true" if t in ("true", "false") else int(t)
-        if ns.no_reshard and value is not False:
-            raise ConfigError("--no-reshard and --reshard-after-forward disagree; give one")
-        kw["fsdp_reshard"] = value
+    r = "false" if ns.no_reshard else ns.reshard_after_forward  # argparse refuses the two together
+    t = r.strip().lower()
+    if t not in ("true", "false") and not t.isdigit():
+        raise ConfigError(f"--reshard-after-forward takes true, false or a number of ranks, got {r!r}")
+    kw["fsdp_reshard"] = t == "true" if t in ("true", "false") else int(t)
     if ns.qlora:
         kw["qlora"] = True
     for k in ("lora_rank", "lora_targets", "nf4_block", "nf4_scaler_block"):

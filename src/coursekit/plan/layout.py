@@ -51,7 +51,7 @@ class Layout:
     """Sequence parallelism over the TP group (Korthikanti et al. 2022); ignored when tp = 1."""
 
     def __post_init__(self):
-        for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "micro_batch", "virtual_stages"):
+        for k in _COUNTS:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"layout {k} must be a positive integer, got {v!r}")
@@ -143,10 +143,11 @@ class Layout:
         return " ".join(parts)
 
 
+# every whole-number field but the ZeRO stage (0-3) is a count >= 1: degrees, micro-batch size, virtual stages
+_COUNTS = tuple(f.name for f in fields(Layout) if f.type == "int" and f.name != "zero")
 DEGREES = tuple(n for n in registry.PARALLELISMS if n in {f.name for f in fields(Layout)})  # tp, pp, cp, ep: searched
 
-_INT = {"dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "micro_batch", "zero", "microbatches", "virtual_stages",
-        "grad_accum", "pp_virtual"}
+_INT = {f.name for f in fields(Layout) if f.type.startswith("int")} | {"grad_accum", "pp_virtual"}  # + aliases
 
 
 def _strategy(out: dict) -> None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from coursekit.plan import steptime
+from coursekit.spec import registry
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network, collectives_from_rows
 
 
@@ -188,9 +189,14 @@ class TrainerRun:
     def dp(self) -> int:
         return self.nproc // (self.tp * self.pp * self.cp)
 
+    def degrees(self) -> dict:
+        """The parallelisms this run switches on: its fields that are registry entries, in field order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name in registry.PARALLELISMS and getattr(self, f.name) > 1}
+
     @property
     def name(self) -> str:
-        extra = "".join(f" {k}{getattr(self, k)}" for k in ("tp", "pp", "cp") if getattr(self, k) > 1)
+        extra = "".join(f" {k}{v}" for k, v in self.degrees().items())
         return f"{self.strategy}{extra}{' sp' if self.sp and self.tp > 1 else ''} x{self.nproc}"
 
     def args(self, *, model: str, seq: int, global_batch: int) -> list[str]:
@@ -201,8 +207,7 @@ class TrainerRun:
         """This run's description (``coursekit.spec.runspec.RunSpec``)."""
         from coursekit.spec.runspec import RunSpec
 
-        degrees = {k: getattr(self, k) for k in ("tp", "pp", "cp") if getattr(self, k) > 1}
-        return RunSpec(strategy=self.strategy, world=self.nproc, degrees=degrees, grad_accum=self.grad_accum,
+        return RunSpec(strategy=self.strategy, world=self.nproc, degrees=self.degrees(), grad_accum=self.grad_accum,
                        dp_shard=self.dp_shard if self.strategy == "hsdp" else None, global_batch=global_batch,
                        sp=self.sp, pp_schedule=self.pp_schedule, cp_impl=self.cp_impl)
 
