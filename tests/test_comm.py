@@ -66,6 +66,28 @@ def test_zero_and_fsdp_volumes_against_ddp():
     assert z1_ar == pytest.approx(1.5 * ddp)
 
 
+def test_fsdp_plan_resharded_to_k_ranks_synced_once_and_replicated():
+    """FSDP2 as the trainer runs it, worked by hand: units of 100 and 300 elements on 4 shard ranks, bf16 gathers
+    (2 B), fp32 reduce (4 B), 3 micro-batches, reshard to 2 ranks, one gradient sync per step, 2 HSDP replicas."""
+    plan = volume.fsdp([100, 300], 4, param_bytes=2, grad_bytes=4, micro_batches=3, reshard_after_forward=2,
+                       reduce_per_micro_batch=False, replicate=2)
+    C = volume.Collective
+    assert set(plan) == {C("all_gather", 200, 3, 4), C("all_gather", 600, 3, 4),  # forward, over the 4
+                         C("all_gather", 200, 3, 2), C("all_gather", 600, 3, 2),  # backward, from the 1/2 slices
+                         C("reduce_scatter", 400, 1, 4), C("reduce_scatter", 1200, 1, 4),  # once per step
+                         C("all_reduce", 100, 1, 2), C("all_reduce", 300, 1, 2)}  # each 1/4 shard over 2 replicas
+    assert len(plan) == 8
+    # every micro-batch reduces when the engine syncs each one (ZeRO-3's way), replicas too
+    each = volume.fsdp([100], 4, micro_batches=3, replicate=2)
+    assert set(each) == {C("all_gather", 400, 6, 4), C("reduce_scatter", 400, 3, 4), C("all_reduce", 100, 3, 2)}
+    # K = world is resharding over all ranks, K = 1 is keeping the gathered copy (torch reads them so)
+    assert volume.fsdp([100], 4, reshard_after_forward=4) == volume.fsdp([100], 4, reshard_after_forward=True)
+    assert volume.fsdp([100], 4, reshard_after_forward=1) == volume.fsdp([100], 4, reshard_after_forward=False)
+    for bad in (3, 0, -2, 2.0):
+        with pytest.raises(ValueError, match="reshard_after_forward"):
+            volume.fsdp([100], 4, reshard_after_forward=bad)
+
+
 def test_tensor_parallel_volume_per_layer():
     tokens, h, tp = 8 * 2048, 4096, 8
     plan = volume.tensor_parallel(32, tokens, h, tp, act_bytes=2)

@@ -155,24 +155,43 @@ def zero(stage: int, num_params: int, world: int, *, param_bytes: int = 4, grad_
                   Collective("all_gather", num_params * param_bytes, 1, world)])
 
 
-def fsdp(units, world: int, *, param_bytes: int = 4, grad_bytes: int = 4, reshard_after_forward: bool = True,
-         micro_batches: int = 1) -> list[Collective]:
+def fsdp(units, world: int, *, param_bytes: int = 4, grad_bytes: int = 4, reshard_after_forward: bool | int = True,
+         micro_batches: int = 1, reduce_per_micro_batch: bool = True, replicate: int = 1) -> list[Collective]:
     """ZeRO-3 / FSDP: per micro-batch, each unit all-gathers its parameters for forward, again for backward (if it
     freed them after forward), and reduce-scatters its gradients.
 
     ``units``: Ψ (one unit) or a list of per-unit parameter counts as the engine pads them (FSDP2 pads each
     parameter's dim 0 to a multiple of the world size; pass the padded counts to match a counter exactly).
     FSDP2 keeps the root module's parameters after forward; model that by passing the root as its own plan with
-    ``reshard_after_forward=False``.
+    ``reshard_after_forward=False``. ``reshard_after_forward=K`` (1 < K < world): a unit keeps a 1/K slice after
+    forward and backward gathers it over those K ranks only (K = world is True, K = 1 False, as torch reads it).
+    ``reduce_per_micro_batch=False``: gradients are reduced once per step (accumulation without sync, as the
+    trainer's FSDP2 does). ``replicate`` R > 1 (HSDP): each reduce-scattered shard (unit / world) is then
+    all-reduced over the R replicas.
     """
     units = [units] if isinstance(units, int) else list(units)
     _check(sum(units), world, micro_batches)
-    gathers = 2 if reshard_after_forward else 1
+    back = _backward_group(reshard_after_forward, world)
+    reduces = micro_batches if reduce_per_micro_batch else 1
     plan = []
     for u in units:
-        plan += [Collective("all_gather", u * param_bytes, gathers * micro_batches, world),
-                 Collective("reduce_scatter", u * grad_bytes, micro_batches, world)]
+        plan += [Collective("all_gather", u * param_bytes, micro_batches, world),
+                 Collective("reduce_scatter", u * grad_bytes, reduces, world)]
+        if back:
+            plan.append(Collective("all_gather", u * param_bytes, micro_batches, back))
+        if replicate > 1:
+            plan.append(Collective("all_reduce", u // world * grad_bytes, reduces, replicate))
     return merge(plan)
+
+
+def _backward_group(reshard, world: int) -> int:
+    """The group backward all-gathers a unit over: ``world`` (resharded), K (resharded to K ranks), 0 (kept)."""
+    if isinstance(reshard, bool):
+        return world if reshard else 0
+    if not isinstance(reshard, int) or reshard < 1 or world % reshard:
+        raise ValueError(f"reshard_after_forward {reshard!r} must be true, false or a number of ranks dividing "
+                         f"{world}")
+    return 0 if reshard == 1 else reshard
 
 
 def tensor_parallel(layers: int, tokens: int, hidden: int, tp: int, *, act_bytes: int = 2,

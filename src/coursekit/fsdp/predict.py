@@ -25,19 +25,10 @@ def step_collectives(shape, *, shard: int, replicate: int = 1, wrap: str = "bloc
     ``param_bytes`` 2 with bf16 mixed precision (gathers in bf16), ``grad_bytes`` 4 (fp32 reduce); ``reshard``
     True, False or K ranks (as ``--reshard-after-forward``; K = shard is True, K = 1 is False, as torch reads it)."""
     *blocks, root = unit_sizes(shape, shard=shard, wrap=wrap)
-    if not isinstance(reshard, bool):
-        if shard % reshard:
-            raise ValueError(f"reshard {reshard} must divide the {shard} sharding ranks")
-        reshard = True if reshard == shard else False if reshard == 1 else reshard
-    plan = []
-    if shard > 1:
-        plan += [volume.Collective("all_gather", u * param_bytes, micro_batches, shard) for u in blocks]
-        if reshard is True:
-            plan += [volume.Collective("all_gather", u * param_bytes, micro_batches, shard) for u in blocks]
-        elif reshard:  # backward gathers from the 1/K post-forward slices, over the K-rank group
-            plan += [volume.Collective("all_gather", u * param_bytes, micro_batches, reshard) for u in blocks]
-        plan += [volume.Collective("all_gather", root * param_bytes, micro_batches, shard)]
-        plan += [volume.Collective("reduce_scatter", u * grad_bytes, 1, shard) for u in [*blocks, root]]
-    if replicate > 1:
-        plan += [volume.Collective("all_reduce", u // shard * grad_bytes, 1, replicate) for u in [*blocks, root]]
-    return volume.merge(plan)
+    if shard == 1:  # nothing to gather or scatter: each replica's gradients are all-reduced (HSDP's last step)
+        return volume.merge(volume.Collective("all_reduce", u * grad_bytes, 1, replicate)
+                            for u in [*blocks, root] if replicate > 1)
+    kw = dict(param_bytes=param_bytes, grad_bytes=grad_bytes, micro_batches=micro_batches,
+              reduce_per_micro_batch=False, replicate=replicate)  # the trainer syncs once per step
+    return volume.merge(volume.fsdp(blocks, shard, reshard_after_forward=reshard, **kw)
+                        + volume.fsdp(root, shard, reshard_after_forward=False, **kw))
