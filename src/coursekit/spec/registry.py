@@ -90,7 +90,7 @@ CORE_OPTIONS = "coursekit.options:ParallelOptions"
 # option group -> the components that own it
 OPTIONS = {
     "coursekit.ddp:DDPOptions": ("ddp",),
-    "coursekit.zero:ZeROOptions": ("zero0", "zero1", "zero2", "zero3", "deepspeed"),
+    "coursekit.zero:ZeROOptions": tuple(n for n, e in STRATEGIES.items() if e.engine == "deepspeed"),
     "coursekit.pp:PipelineOptions": ("pp",),
     "coursekit.tp:TPOptions": ("tp",),
     "coursekit.fsdp:FSDPOptions": ("fsdp2", "hsdp", "fsdp1"),

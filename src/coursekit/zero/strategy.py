@@ -31,12 +31,17 @@ import warnings
 import torch
 
 from coursekit.parallel.api import Strategy, adamw
+from coursekit.spec import registry
 from coursekit.zero import ZeROOptions
 
 
 class ZeRO(Strategy):
     name = "deepspeed"
-    stage: int | None = None  # None: the stage written in --ds-config
+    stage: int | None = None  # the registry entry's (coursekit.spec.registry); None: the stage written in --ds-config
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        cls.stage = registry.STRATEGIES[cls.name].zero  # a stage is written once, in the strategy's entry
     supports = {"checkpoint": False, "compile": False, "tp": False, "pp": False, "cp": False}
     why_not = {"checkpoint": "DeepSpeed writes its own checkpoints (engine.save_checkpoint), which the course does "
                              "not use",
@@ -225,19 +230,19 @@ class ZeRO(Strategy):
 
 
 class Zero0(ZeRO):
-    name, stage = "zero0", 0
+    name = "zero0"
 
 
 class Zero1(ZeRO):
-    name, stage = "zero1", 1
+    name = "zero1"
 
 
 class Zero2(ZeRO):
-    name, stage = "zero2", 2
+    name = "zero2"
 
 
 class Zero3(ZeRO):
-    name, stage = "zero3", 3
+    name = "zero3"
 
 
 def _import_deepspeed(device: str):
