@@ -9,7 +9,9 @@
 2. ``coursekit train --ep`` (DDP over 2 ranks, EP 2; DDP over 4, EP 4; FSDP2 over 4 with EP 2, so each expert slice
    is also sharded over 2 ranks) equals the single-process run step by step on every rank (Qwen3-MoE and Mixtral
    tiny models; the router's auxiliary loss off, since it is a product of batch means, not a mean).
-3. Bad input is refused before launch in one line.
+3. DCP checkpoints with ``--ep``: saved, resumed (FSDP2 also onto fewer replicas), equal to one process; another
+   ``--ep`` on resume is refused naming the saved one.
+4. Bad input is refused before launch in one line.
 
 This file is also the worker of part 1 (run under torchrun).
 """
@@ -254,6 +256,59 @@ def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, no_orpha
         assert {k: f[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes")} == {
             "params_bytes": e["parameters_bytes"], "grads_bytes": e["gradients_bytes"],
             "optimizer_bytes": e["optimizer_states_bytes"]}, rank
+
+
+def _resumed_equal(res, base, half):
+    from parity import LOSS_ATOL, losses
+
+    for r in res.results:
+        assert r["final"]["resumed_from_step"] == half, r["rank"]
+        assert losses(r) == pytest.approx(losses(base)[half:], abs=LOSS_ATOL), r["rank"]
+
+
+@pytest.mark.parametrize("strategy, saved_on, resumed_on, model", [("ddp", 2, 2, "tiny-qwen3-moe"),
+                                                                  ("fsdp2", 4, 2, "tiny-mixtral")],
+                         ids=["ddp2-ep2", "fsdp2-4to2-ep2"])
+def test_dcp_checkpoint_with_ep_resumes_equal_to_one_process(strategy, saved_on, resumed_on, model, tmp_path,
+                                                             no_orphans):
+    """Each EP rank's expert slice is saved under its own key (``coursekit.parallel.split.slice_keys``; under one
+    FQN rank 1's slice would be overwritten by rank 0's and the resumed losses would move). Saved at step 2 of 4,
+    resumed: the last two steps equal the uninterrupted single-process run. FSDP2 saved on 4 ranks (each slice
+    sharded over its 2 replicas) resumes on 2 (one replica: the slice's shards are read whole)."""
+    from parity import STEPS
+
+    half, args = STEPS // 2, ("--model", model, "--ep", 2, *MOE, "--ckpt-dir", tmp_path)
+    base = baseline("--model", model, *MOE)
+    train(strategy, saved_on, *args, "--steps", half, "--save-every", half)
+    _resumed_equal(train(strategy, resumed_on, *args), base, half)
+    if strategy == "ddp":  # another number of slices is refused before anything is loaded, naming the --ep to use
+        from coursekit.launch import LaunchError
+
+        with pytest.raises(LaunchError, match="saved with --ep 2.*this run's are not split: resume with the same --ep"):
+            train(strategy, 2, "--model", model, *MOE, "--ckpt-dir", tmp_path, "--steps", STEPS + 1)
+
+
+def test_expert_slice_keys_round_trip_and_their_count_is_checked():
+    """The key format and its check without a launch: a slice key names its slice, undoing it restores every
+    model and optimizer entry, and a checkpoint of n slices is refused for m != n (and for an unsplit run)."""
+    import torch
+
+    from coursekit.parallel import split
+
+    t = torch.zeros(1)
+    model_sd = {"layers.0.mlp.experts.down_proj@slice1of4": t, "layers.0.norm.weight": t}
+    optim_sd = {"state": {"layers.0.mlp.experts.down_proj@slice1of4": {"exp_avg": t}}, "param_groups": []}
+    split.unslice_keys(model_sd, optim_sd)
+    assert set(model_sd) == {"layers.0.mlp.experts.down_proj", "layers.0.norm.weight"}
+    assert set(optim_sd["state"]) == {"layers.0.mlp.experts.down_proj"}
+    saved = ["model.layers.0.mlp.experts.down_proj@slice3of4", "optim.state.layers.0.mlp.experts.x@slice0of4.exp_avg",
+             "model.layers.0.norm.weight"]
+    split.check_slices(saved, ["layers.0.mlp.experts.down_proj@slice0of4"])  # same count: fine, whichever slice
+    with pytest.raises(ValueError, match=r"4 slices \(saved with --ep 4\); this run's are 2 slices"):
+        split.check_slices(saved, ["layers.0.mlp.experts.down_proj@slice1of2"])
+    with pytest.raises(ValueError, match="not split \\(saved with --ep 1\\); this run's are 2 slices"):
+        split.check_slices(["model.layers.0.mlp.experts.down_proj"], ["x@slice0of2"])
+    split.check_slices(["model.a", "model.b"], ["a", "b"])  # a dense run: nothing to check
 
 
 @pytest.mark.parametrize("args, needle", [

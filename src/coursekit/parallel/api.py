@@ -201,9 +201,11 @@ class Strategy:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        split.slice_keys(self.model, model_sd, optim_sd)  # a hand-split slice (experts) gets its own key
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, sd) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        split.unslice_keys(sd["model"], sd["optim"])
         set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])

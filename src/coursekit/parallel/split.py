@@ -8,9 +8,16 @@ the parallelism scales that sum by 1/n in its module, so that averaging it over 
 (``replicas``: ``ep_rest``) divides by every loss rank, as DDP does for the rest. DDP leaves these parameters out of
 its buckets and averages them in a gradient hook (``reduce_in_hooks``); FSDP2 shards each module holding them over
 ``replicas`` (``coursekit.fsdp.strategy``), whose reduce-scatter averages them.
+
+Checkpoints (DCP): every rank names its parameters by the same FQN, so slice r of n would collide with its
+neighbours' under one key. ``slice_keys`` renames a split parameter's entries (model and optimizer states) to
+``<fqn>@slice<r>of<n>`` before a save or load, ``unslice_keys`` back after a load: replicas of one slice share a
+key (DCP writes it once; FSDP2's shards of it are that key's chunks), so the data-parallel size may change on
+resume; the number of slices may not (``check_slices`` says so before anything is loaded).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -76,3 +83,46 @@ def sq_sum(model: torch.nn.Module) -> torch.Tensor:
         dist.all_reduce(s, group=group)
         total += s.cpu()
     return total
+
+
+_SLICE = re.compile(r"@slice(\d+)of(\d+)$")
+_ANY_SLICE = re.compile(r"@slice\d+of(\d+)(?=\.|$)")  # also inside DCP's flattened keys (``optim.state.<key>.exp_avg``)
+
+
+def _slice_names(model: torch.nn.Module) -> dict[str, str]:
+    """State-dict FQN (wrapper prefixes dropped, as ``get_state_dict`` names it) -> its key with this rank's slice."""
+    from torch.distributed.checkpoint.state_dict import _get_fqns  # the FQNs get_state_dict itself uses
+
+    out = {}
+    for name, (_, s) in split_params(model).items():
+        suffix = f"@slice{dist.get_rank(s.group)}of{dist.get_world_size(s.group)}"
+        out.update({fqn: fqn + suffix for fqn in _get_fqns(model, name)})
+    return out
+
+
+def slice_keys(model: torch.nn.Module, model_sd: dict, optim_sd: dict) -> None:
+    """Rename, in place, the split parameters' entries of ``get_state_dict``'s two dicts to this rank's slice."""
+    names = _slice_names(model)
+    for d in (model_sd, optim_sd.get("state", {})):
+        for fqn in [k for k in d if k in names]:
+            d[names[fqn]] = d.pop(fqn)
+
+
+def unslice_keys(model_sd: dict, optim_sd: dict) -> None:
+    """Undo ``slice_keys`` (in place) after a load."""
+    for d in (model_sd, optim_sd.get("state", {})):
+        for key in [k for k in d if _SLICE.search(k)]:
+            d[_SLICE.sub("", key)] = d.pop(key)
+
+
+def check_slices(saved_keys, wanted_keys) -> None:
+    """Refuse, before loading, a checkpoint whose split parameters were cut into another number of slices."""
+    def counts(keys):
+        return {int(m.group(1)) for k in keys if (m := _ANY_SLICE.search(k))}
+
+    saved, wanted = counts(saved_keys), counts(wanted_keys)
+    if saved != wanted:
+        say = lambda c: f"{next(iter(c))} slices" if c else "not split"
+        raise ValueError(f"this checkpoint's experts are {say(saved)} (saved with --ep {max(saved, default=1)}); "
+                         f"this run's are {say(wanted)}: resume with the same --ep (re-splitting experts on "
+                         "resume is not supported)")

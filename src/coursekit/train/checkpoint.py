@@ -45,6 +45,8 @@ class Checkpointer:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
+        from coursekit.parallel import split  # torch: this module stays light for the CLI's pre-launch checks
+
         pick = [None]
         if self.info.is_main:
             last, notes = integrity.choose(self.dir)
@@ -69,7 +71,9 @@ class Checkpointer:
                                                 f"({'; '.join(self.notes[:-1]) or self.notes[-1]})")
             return None
         sd = strategy.state_dict()
-        dcp.load(sd, checkpoint_id=str(self.dir / f"step-{last}"))
+        step_dir = self.dir / f"step-{last}"
+        split.check_slices(dcp.FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata, sd["model"])
+        dcp.load(sd, checkpoint_id=str(step_dir))
         strategy.load_state_dict(sd)
         rng = self.dir / f"step-{last}" / f"rng-rank{self.info.rank}.pt"
         if rng.exists():
