@@ -99,6 +99,8 @@ def test_every_group_of_one_rank_in_a_5d_layout_worked_by_hand():
      "Ulysses needs query heads % (tp x cp) == 0: 6 heads, tp 2 x cp 2"),
     (dict(world_size=4, tp=4), dict(num_layers=2, num_heads=8, num_kv_heads=6),
      "6 key/value heads do not split over tp 4 (nor is tp a multiple of them)"),
+    (dict(world_size=4, tp=4), dict(num_layers=2, num_heads=8, num_kv_heads=3),
+     "tp 4 is not a multiple of the 3 key/value heads, so they cannot be replicated evenly"),
     (dict(world_size=4, pp=4), dict(num_layers=6, num_heads=4, virtual_stages=2),
      "6 layers cannot fill pp 4 x 2 stage(s) per rank"),
     (dict(world_size=2, cp=2), dict(num_layers=2, num_heads=4, seq=6, cp_impl="ring"),
@@ -106,10 +108,109 @@ def test_every_group_of_one_rank_in_a_5d_layout_worked_by_hand():
     (dict(world_size=2, cp=2), dict(num_layers=2, num_heads=4, seq=7, cp_impl="ulysses"),
      "sequence length 7 is not divisible by 2 (cp)"),
     (dict(world_size=4, tp=2, cp=2), dict(num_layers=2, num_heads=4, seq=6, cp_impl="ulysses", sp=True),
-     "sequence length 6 is not divisible by tp 2 x cp 2 (sequence parallelism"),
+     "sequence length 6 is not divisible by tp 2 x cp 2 (sequence parallelism splits each CP shard over the TP "
+     "ranks)"),
 ])
 def test_a_model_that_does_not_split_is_refused_with_its_numbers(dims, kw, message):
-    with pytest.raises(LayoutError, match="^" + re.escape(message)):
+    with pytest.raises(LayoutError, match="^" + re.escape(message) + "$"):
         check_model(ParallelDims(**dims), **kw)
     fixed = {**kw, "num_heads": 8, "num_kv_heads": 4, "num_layers": 16, "seq": 64}
     check_model(ParallelDims(**dims), **fixed)  # the same layout with a model that splits passes
+
+
+def test_the_axis_order_and_the_derived_groups_follow_the_registry():
+    """AXES and DERIVED are built from the registry at import; rebuilt here: the mesh places pp 0, dp_replicate 10,
+    dp_shard 20, cp 30, tp 40 (ep has no axis: it borrows); cp joins loss and fsdp, nothing joins batch."""
+    from coursekit.spec.dims import _axes, _derived
+
+    assert _axes() == ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    assert _derived() == {"batch": ("dp_replicate", "dp_shard"), "loss": ("dp_replicate", "dp_shard", "cp"),
+                          "fsdp": ("dp_shard", "cp"), "dp": ("dp_replicate", "dp_shard")}
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(world_size=4, xp=2, ap=2), "unknown parallel degree(s) ap, xp; the axes are pp, dp_replicate, dp_shard, "
+                                     "cp, tp"),  # sorted, then the mesh order
+    (dict(world_size=0), "world_size must be a positive integer, got 0"),
+    (dict(world_size=4, ep=0), "ep must be a positive integer, got 0"),
+    (dict(world_size=4, dp_replicate=0), "dp_replicate must be a positive integer, got 0"),
+    (dict(world_size=4, dp_shard=0, dp_flavour="shard"), "dp_shard must be a positive integer, got 0"),
+    (dict(world_size=4, tp=True), "tp must be a positive integer, got True"),  # a bool is not a degree
+    (dict(world_size=4, tp=2.0), "tp must be a positive integer, got 2.0"),  # nor a float, even a whole one
+    (dict(world_size=4, dp_flavour="zigzag"), "unknown data-parallel flavour 'zigzag'; choose one of replicate, "
+                                              "shard, hybrid"),
+    # the parallelisms listed in the registry's order (tp, pp, cp), 1s included; 2 x 2 x 1 = 4 does not divide 6
+    (dict(world_size=6, tp=2, pp=2), "world size 6 is not divisible by tp 2 x pp 2 x cp 1 = 4; choose degrees "
+                                     "whose product divides it"),
+    (dict(world_size=8, tp=2, dp_shard=3, dp_flavour="shard"), "dp_shard 3 does not divide the 4 data-parallel "
+                                                               "ranks left by world 8 / (tp 2 x pp 1 x cp 1)"),
+    # both data-parallel degrees given: 2 x 2 = 4 ranks, not the 8 of the world
+    (dict(world_size=8, dp_replicate=2, dp_shard=2, dp_flavour="hybrid"),
+     "pp 1 x dp_replicate 2 x dp_shard 2 x cp 1 x tp 1 = 4, but the world size is 8"),
+    (dict(world_size=8, dp_shard=2), "dp_shard 2 needs a sharding data-parallel strategy (fsdp2, hsdp); this one "
+                                     "replicates (use --dp-replicate)"),
+    # ep borrows the loss ranks: 6 replicas, and 4 does not divide 6
+    (dict(world_size=6, ep=4), "ep 4 does not divide the 6 ranks it borrows (loss = dp_replicate 6 x dp_shard 1 x "
+                               "cp 1); choose ep dividing 6"),
+])
+def test_each_bad_layout_is_refused_with_its_whole_message(kw, message):
+    with pytest.raises(LayoutError, match="^" + re.escape(message) + "$"):
+        ParallelDims(**kw)
+
+
+def test_given_degrees_are_kept_as_given_and_filled_ones_are_whole_numbers():
+    # hybrid on 8 with dp_shard 4 given: the replicas fill 8 / 4 = 2; the given values stay as given (None: filled)
+    h = ParallelDims(world_size=8, dp_shard=4, dp_flavour="hybrid")
+    assert (h.dp_replicate, h.dp_shard, h.dp_flavour) == (None, 4, "hybrid")
+    assert h.degrees["dp_replicate"] == 2 and type(h.degrees["dp_replicate"]) is int
+    r = ParallelDims(world_size=8, dp_replicate=2, dp_flavour="hybrid")  # the shard groups fill 8 / 2 = 4
+    assert (r.dp_replicate, r.dp_shard) == (2, None)
+    assert r.degrees["dp_shard"] == 4 and type(r.degrees["dp_shard"]) is int
+
+
+def test_degree_attributes_and_lookups():
+    # 8 ranks: tp 2, 4 replicas; ep 4 splits the 4 loss ranks (ep_rest: 4 / 4 = 1 holds each slice)
+    d = ParallelDims(world_size=8, tp=2, ep=4)
+    assert (d.degree("tp"), d.degree("ep"), d.degree("pp")) == (2, 4, 1)
+    assert d.size("ep_rest") == 1 and type(d.size("ep_rest")) is int
+    assert ParallelDims(world_size=16, ep=2).size("ep_rest") == 8  # 16 loss ranks / ep 2
+    assert getattr(d, "nope", "absent") == "absent"  # an unknown attribute is an AttributeError, named
+    with pytest.raises(AttributeError, match="^nope$"):
+        d.nope
+    with pytest.raises(LayoutError, match="^" + re.escape(
+            "unknown mesh axis or group 'tp_rest'; axes: pp, dp_replicate, dp_shard, cp, tp; groups: batch, loss, "
+            "fsdp, dp") + "$"):
+        d.size("tp_rest")  # only a borrowed parallelism has a "_rest" group
+    # rank_of: an axis left out is coordinate 0; tp 1 alone is rank 1 (pp 0, replica 0)
+    assert d.rank_of({"tp": 1}) == 1 and d.rank_of({"dp_replicate": 3}) == 6
+
+
+def test_a_layout_prints_its_degrees_and_hides_borrowed_ones_of_one():
+    d = ParallelDims(world_size=2)  # ddp on 2: every degree 1 but the replicas; ep 1 is not shown
+    assert repr(d) == "ParallelDims(pp=1, dp_replicate=2, dp_shard=1, cp=1, tp=1, flavour=replicate)"
+    assert str(d) == "pp=1 x dp_replicate=2 x dp_shard=1 x cp=1 x tp=1 (world 2)"
+    assert d.to_dict() == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 1, "world_size": 2}
+    # two different layouts hash apart (a cache keyed by the layout keeps them in different buckets)
+    assert hash(d) != hash(ParallelDims(world_size=2, tp=2))
+
+
+def test_describe_without_nodes_and_with_nothing_enabled():
+    # one rank, nothing enabled: the table still shows the replica axis; no node column without gpus_per_node
+    # (rank right-aligned in 4, each coordinate in 12 after a space, then 3 spaces and the groups)
+    assert ParallelDims(world_size=1).describe().splitlines() == [
+        "layout: pp=1 x dp_replicate=1 x dp_shard=1 x cp=1 x tp=1 (world 1)",
+        "rank  dp_replicate   groups",
+        "   0            0   dp_replicate[0]"]
+    # pp 2 x tp 2: rank 3 is pp 1, tp 1; its pp group is {1, 3}, its tp group {2, 3}, two spaces apart
+    rows = ParallelDims(world_size=4, tp=2, pp=2).describe().splitlines()
+    assert rows[1].split() == ["rank", "pp", "tp", "groups"]
+    assert rows[2 + 3].endswith("   pp[1, 3]  tp[2, 3]") and rows[2 + 3].split()[:3] == ["3", "1", "1"]
+
+
+def test_model_checks_pass_on_their_boundaries():
+    one = ParallelDims(world_size=1)
+    check_model(one, num_layers=1, num_heads=1, seq=7)  # cp 1: any sequence length (no 2 x cp split)
+    check_model(ParallelDims(world_size=2, cp=2), num_layers=2, num_heads=4)  # no seq given: nothing to divide
+    check_model(ParallelDims(world_size=2, tp=2), num_layers=2, num_heads=4, seq=3)  # sp off by default: 3 is fine
+    check_model(ParallelDims(world_size=2, pp=2), num_layers=2, num_heads=4)  # one stage per rank by default: 2 >= 2
+    check_model(ParallelDims(world_size=4, pp=4), num_layers=8, num_heads=4, virtual_stages=2)  # 8 layers, 8 stages
