@@ -23,7 +23,7 @@ from coursekit.memory import answers, vocab
 from coursekit.memory.activations import ATTENTION, CP_IMPLS, DTYPE_BYTES, IMPLS, KERNELS, POSITION_IDS, RECOMPUTE
 from coursekit.memory.calculator import estimate
 from coursekit.memory.train_config import PP_SCHEDULES, TrainConfig
-from coursekit.memory.errors import ConfigError
+from coursekit.memory.errors import ConfigError, positive_int
 from coursekit.memory.gpus import GPUS, GiB
 from coursekit.memory.presets import PRESETS
 from coursekit.memory.solvers import max_micro_batch, max_seq_len, min_gpus
@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--offload", default="none", choices=list(OFFLOAD), help="optimizer-state offload")
     a("--offload-params", default="none", choices=list(OFFLOAD), help="parameter offload (ZeRO-3 / FSDP2)")
     a("--reduce-bucket-size", type=int, help="DeepSpeed reduce_bucket_size in elements (default 5e8, DeepSpeed's)")
+    a("--sub-group-size", help="DeepSpeed ZeRO-3 sub_group_size in elements (20000, 1e9): the optimizer step builds "
+      "the fp32 gradients one sub-group at a time (default 1e9, DeepSpeed's)")
     a("--dp-rank", type=int, help="data-parallel rank to report (DeepSpeed ZeRO-1/2 ranks differ; default: fullest)")
     a("--gpu", help=f"one of: {', '.join(GPUS)}")
     a("--runtime-gib", type=float, help="GPU runtime constant in GiB (default 1)")
@@ -113,6 +115,13 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
     kw.update(_fsdp_kwargs(ns))
     if ns.reduce_bucket_size is not None:
         kw["bucket_elems"] = ns.reduce_bucket_size
+    if ns.sub_group_size is not None:  # an element count as DeepSpeed's JSON writes it: 20000 or 1e9
+        text = ns.sub_group_size
+        try:
+            kw["sub_group_size"] = positive_int("sub_group_size", int(text) if text.isdigit() else float(text))
+        except (ValueError, OverflowError):
+            raise ConfigError(f"--sub-group-size takes a whole number of elements > 0 (20000, 1e9), got {text!r}") \
+                from None
     if ns.router_aux_loss_coef is not None:
         if not math.isfinite(ns.router_aux_loss_coef) or ns.router_aux_loss_coef < 0:
             raise ConfigError(f"--router-aux-loss-coef must be a finite number >= 0, got {ns.router_aux_loss_coef}")

@@ -17,6 +17,12 @@ what live DeepSpeed engines hold on every rank:
    (``param_buffer_of_bit16_for_cpu_offload``) and a largest-parameter gradient buffer; the accelerator keeps one
    largest-parameter gradient buffer too. With several micro-batches per step the gradients of the parameters
    overlapping the partition accumulate on the host, whole (``accumulated_grads_in_cpu``).
+5. **ZeRO-3 steps one sub-group at a time.** Each rank's partitions are packed, in parameter order, into sub-groups
+   of at least ``sub_group_size`` elements (``_create_fp16_sub_groups``; DeepSpeed's default 1e9: one sub-group for
+   any model below 1e9 parameters per rank). ``step`` builds one sub-group's fp32 gradient partition
+   (``_prepare_fp32_grad_for_sub_group``), steps it and frees it (``_release_sub_group``) before the next: the step's
+   peak holds the largest sub-group's, not the whole partition's. Under CPU offload every sub-group keeps its own
+   fp32 gradient buffer on the host all along (``initialize_optimizer_states``): the whole partition.
 
 Assumed, as the course's trainer does: one parameter group in ``model.parameters()`` order, an optimizer whose
 state is ``states`` fp32 tensors per element (Adam: 2), and DeepSpeed's defaults for ``round_robin_gradients``,
@@ -50,6 +56,25 @@ def padded(total: int, world: int) -> int:
 def zero3_partitions(numels, world: int) -> list[int]:
     """ZeRO-3's per-rank partition of each parameter: ceil(n/N) elements (each parameter padded to a multiple of N)."""
     return [-(-n // world) for n in numels]
+
+
+def zero3_sub_groups(parts, sub_group_size: int) -> list[list[int]]:
+    """ZeRO-3's sub-groups of one rank's partitions (``stage3._create_fp16_sub_groups``): all in one if they sum to
+    at most ``sub_group_size`` elements; else packed in order, a sub-group closed once it reaches ``sub_group_size``
+    (so it may exceed it by up to one partition), the last one closed by the last parameter."""
+    if isinstance(sub_group_size, bool) or not isinstance(sub_group_size, int) or sub_group_size <= 0:
+        raise ValueError(f"sub_group_size must be an integer > 0 (elements), got {sub_group_size!r}")
+    parts = list(parts)
+    if sub_group_size >= sum(parts):
+        return [parts]
+    groups, cur, size = [], [], 0
+    for p in parts:
+        cur.append(p)
+        size += p
+        if size >= sub_group_size:
+            groups.append(cur)
+            cur, size = [], 0
+    return groups + ([cur] if cur else [])
 
 
 def partition_params(numels, world: int, rank: int) -> list[int]:
@@ -110,12 +135,15 @@ def fullest_rank(numels, world: int, *, offload: bool = False) -> int:
 
 def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "fp32",
                     reduce_bucket_size: int = 500_000, offload_optimizer: str = "none",
-                    offload_param: str = "none", micro_batches: int = 1, states: int = 2) -> dict:
+                    offload_param: str = "none", micro_batches: int = 1, states: int = 2,
+                    sub_group_size: int = 1_000_000_000) -> dict:
     """{category: bytes} on ``rank`` for a DeepSpeed engine whose optimizer keeps ``states`` fp32 tensors per
     element, as measured by ``coursekit.zero.strategy`` (params/grads/buffers at the end of backward, the rest
     inside the step), plus ``tiers``: the same bytes split into "accelerator" and "cpu" (what offload moves).
 
     ``reduce_bucket_size`` defaults to the course configs' 5e5 elements (DeepSpeed's own default is 5e8).
+    ``sub_group_size`` (ZeRO-3, DeepSpeed's default 1e9 elements): ``fp32_grads`` is the step's peak, the largest
+    sub-group's fp32 gradient partition (``zero3_sub_groups``); under optimizer offload the whole partition.
     ``grads_peak`` is the gradient bytes when the last gradient arrives (stages 0-1; None where it depends on
     bucket timing); ``scalars`` is None under offload (per-parameter norms DeepSpeed keeps as 1-element tensors).
     NVMe offload is not split here: "cpu" then means "off the accelerator" (see ``coursekit.zero.held.nvme_bytes``).
@@ -146,9 +174,13 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
             out |= dict(grads=accumulated, buffers=host_buffers + b * max(numels), scalars=None)
             out["grads_peak"] = b * psi if stage == 1 else accumulated
     elif stage == 3:
-        part = sum(zero3_partitions(numels, world))
-        out |= dict(params=b * part, grads=b * part, master=4 * part, optimizer=K * part, fp32_grads=4 * part,
-                    buffers=b * reduce_bucket_size, scalars=13)  # step 4 + grad norm fp64 8 + overflow flag 1
+        parts = zero3_partitions(numels, world)
+        part, groups = sum(parts), zero3_sub_groups(parts, sub_group_size)
+        # the step builds and frees one sub-group's fp32 gradients at a time; offload keeps a buffer per sub-group
+        fp32_grads = 4 * (part if offload_optimizer != "none" else max(sum(g) for g in groups))
+        out |= dict(params=b * part, grads=b * part, master=4 * part, optimizer=K * part, fp32_grads=fp32_grads,
+                    buffers=b * reduce_bucket_size,
+                    scalars=4 * len(groups) + 9)  # Adam's step per sub-group 4 + grad norm fp64 8 + overflow flag 1
         out["grads_peak"] = b * part
         if offload_optimizer != "none" or offload_param != "none":
             out["scalars"] = None
@@ -169,14 +201,16 @@ def deepspeed_bytes(numels, *, stage: int, world: int, rank: int, dtype: str = "
 
 
 def state_bytes(numels, *, precision: str, dtype: str, optimizer: str, zero: int, shard: int, rank: int | None,
-                offload: str = "none", offload_params: str = "none", micro_batches: int = 1):
+                offload: str = "none", offload_params: str = "none", micro_batches: int = 1,
+                sub_group_size: int = 1_000_000_000):
     """``coursekit.memory.states.StateBytes`` for DeepSpeed's exact layout on data-parallel ``rank`` (None: the rank
     holding the most) and that rank, in the calculator's categories: ``gradients`` is the whole gradient held
-    through backward for stages 0-1 (DeepSpeed reduces it at the end) and the rank's partition for stages 2-3.
-    ``precision`` is ``16psi`` (working dtype ``dtype``) or ``fp32``."""
+    through backward for stages 0-1 (DeepSpeed reduces it at the end) and the rank's partition for stages 2-3;
+    ``step_grad_copy`` is ZeRO-3's largest sub-group (``sub_group_size``). ``precision`` is ``16psi`` (working dtype
+    ``dtype``) or ``fp32``."""
     return _state_bytes(tuple(numels), precision=precision, dtype=dtype, optimizer=optimizer, zero=zero,
                         shard=shard, rank=rank, offload=offload, offload_params=offload_params,
-                        micro_batches=micro_batches)
+                        micro_batches=micro_batches, sub_group_size=sub_group_size)
 
 
 def check_offload(*, zero: int, offload: str, offload_params: str) -> None:
@@ -191,7 +225,7 @@ def check_offload(*, zero: int, offload: str, offload_params: str) -> None:
 
 @lru_cache(maxsize=4096)  # solvers and grids ask the same layout many times
 def _state_bytes(numels: tuple[int, ...], *, precision, dtype, optimizer, zero, shard, rank, offload,
-                 offload_params, micro_batches):
+                 offload_params, micro_batches, sub_group_size):
     from coursekit.memory.states import OPTIMIZERS, PRECISION_TEXT, StateBytes, check_choices
 
     check_choices(precision=precision, optimizer=optimizer, zero=zero, offload=offload, offload_params=offload_params)
@@ -201,14 +235,14 @@ def _state_bytes(numels: tuple[int, ...], *, precision, dtype, optimizer, zero, 
     dtype = "fp32" if precision == "fp32" else dtype  # the weights' dtype
     d = deepspeed_bytes(numels, stage=zero, world=shard, rank=rank, dtype=dtype,
                         offload_optimizer=offload, offload_param=offload_params, micro_batches=micro_batches,
-                        states=OPTIMIZERS[optimizer])
+                        states=OPTIMIZERS[optimizer], sub_group_size=sub_group_size)
     acc, host = d["tiers"].get("accelerator", {}), dict(d["tiers"].get("cpu", {}))
     grads = d["grads_peak"] if zero <= 1 else acc.get("grads", 0)
     nvme = 0
     if "nvme" in (offload, offload_params):  # ZeRO-Infinity: what goes to files, what small tensors stay on the host
         files = nvme_file_bytes(numels, world=shard, dtype=dtype,
                                 offload_optimizer=offload, offload_param=offload_params,
-                                states=OPTIMIZERS[optimizer])
+                                states=OPTIMIZERS[optimizer], sub_group_size=sub_group_size)
         nvme = files["params"] + files["optimizer"] + files["grads"]
         if offload_params == "nvme":  # partitions stay in a pinned flat host buffer of up to max_in_cpu elements
             host["params"] = ELEM[dtype] * min(sum(zero3_partitions(numels, shard)), MAX_IN_CPU)
@@ -253,18 +287,8 @@ def nvme_file_bytes(numels, *, world: int, dtype: str = "bf16", offload_optimize
                 out["kept_params"] += p * b
     if offload_optimizer == "nvme":
         al = align_bytes // 4
-        groups = [parts]
-        if sum(parts) > sub_group_size:  # stage3._create_fp16_sub_groups
-            groups, cur, size = [], [], 0
-            for p in parts:
-                cur.append(p)
-                size += p
-                if size >= sub_group_size:
-                    groups.append(cur)
-                    cur, size = [], 0
-            groups += [cur] if cur else []
         largest_swapped = 0
-        for g in groups:
+        for g in zero3_sub_groups(parts, sub_group_size):
             n = sum(g)
             if n * 4 < min_bytes:  # too small to swap: states and gradients stay on the host
                 out["kept_optimizer"] += (1 + states) * 4 * n

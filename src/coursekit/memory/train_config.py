@@ -14,6 +14,7 @@ PP_SCHEDULES = pp_order.MODELLED
 PP_RUNTIMES = ("torch", "megatron")
 DEFAULT_RUNTIME_BYTES = 1 * GiB
 DEFAULT_BUCKET_ELEMS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (5e8)
+DEFAULT_SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's zero_optimization.sub_group_size default (1e9)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +106,9 @@ class TrainConfig:
     """Stated GPU runtime constant: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers (typically 0.5-2 GiB)."""
     bucket_elems: int = DEFAULT_BUCKET_ELEMS
     """DeepSpeed reduce / all-gather bucket size in elements."""
+    sub_group_size: int = DEFAULT_SUB_GROUP_SIZE
+    """DeepSpeed ZeRO-3 zero_optimization.sub_group_size in elements: the optimizer step builds the fp32 gradient
+    partition of one sub-group at a time (``coursekit.memory.deepspeed.zero3_sub_groups``)."""
     qlora: bool = False
     """QLoRA (engine fsdp2): a frozen 4-bit NF4 base (every block projection) with trainable LoRA adapters
     (``coursekit.memory.qlora``: NF4 data + scalers sharded, adapters, their gradients and optimizer states)."""
@@ -189,6 +193,7 @@ class TrainConfig:
                 raise ConfigError(f"dp_rank ({self.dp_rank}) must be below the sharding degree ({self.shard_degree})")
         s("runtime_bytes", positive_int("runtime_bytes", self.runtime_bytes, allow_zero=True))
         s("bucket_elems", positive_int("bucket_elems", self.bucket_elems))
+        s("sub_group_size", positive_int("sub_group_size", self.sub_group_size))
         self._check_fsdp_options(s)
 
     def _check_pp_virtual(self):

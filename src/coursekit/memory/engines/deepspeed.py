@@ -4,6 +4,8 @@ Stage 1 shards the fp32 master weights and optimizer states over the N data-para
 the gradients, stage 3 also the parameters. At the optimizer step DeepSpeed turns each rank's gradient partition
 into an fp32 copy (+4Ψ/N that the paper's 16Ψ formula omits; none when gradients already are fp32), and in fp32
 runs its ZeRO optimizers still clone an fp32 master partition. FusedAdam: no step temporaries, no per-tensor state.
+ZeRO-3 builds that fp32 copy one sub-group (``sub_group_size`` elements) at a time and frees it before the next: its
+step holds the largest sub-group's (exact layout; the Ψ formula charges the whole partition and says so).
 
 Where the calculator knows the model's tensors and the whole model is on every rank (no TP/PP; 16psi or fp32), the
 bytes are DeepSpeed's exact layout (``coursekit.memory.deepspeed``: padding, the per-rank gradient partition,
@@ -43,7 +45,8 @@ class DeepSpeed(Engine):
             return super().states(shape, c, stage)
         return layout.state_bytes(shape.param_numels(), precision=c.precision, dtype=c.dtype, optimizer=c.optimizer,
                                   zero=c.zero, shard=c.shard_degree, rank=c.dp_rank, offload=c.offload,
-                                  offload_params=c.offload_params, micro_batches=c.microbatches)
+                                  offload_params=c.offload_params, micro_batches=c.microbatches,
+                                  sub_group_size=c.sub_group_size)
 
     def formula(self, params, *, precision, optimizer, zero, shard, offload, offload_params, param_tensors):
         P, G, M, GC, S = PRECISIONS[precision]
@@ -111,4 +114,7 @@ class DeepSpeed(Engine):
         if not self.exact(c):
             out.append("model states from the Ψ formula: DeepSpeed's exact layout (padding, per-rank gradient "
                        "partitions, offload staging) is modelled without TP/PP and for 16psi / fp32 only")
+            if c.zero == 3 and c.offload == "none":
+                out.append(f"ZeRO-3's fp32 gradient partition at the step is charged whole here; DeepSpeed builds it "
+                           f"one sub-group of {c.sub_group_size:,} elements at a time (less, where a rank holds more)")
         return out
