@@ -1,10 +1,10 @@
 """ZeRO 0-3 through DeepSpeed in the reference trainer: equal to DDP, bytes as predicted, collectives as modelled.
 
 Runs (module-scoped, shared by the tests): DDP and ZeRO 0-3 on 2 ranks in fp32 with 2 micro-batches per step (so
-DeepSpeed's gradient accumulation is exercised), ZeRO-3 on 2 and ZeRO 1-3 on 4 ranks in bf16, and ZeRO-2 / ZeRO-3
-with CPU offload. Every rank is checked. Default tier: 8 launches (about 2 minutes on 2 idle cores), among them a
-sweep; the slow tier adds seven (ZeRO-0, ZeRO 1-3 bf16 at 4 ranks, ZeRO-3 offload, tiny-gpt2 at 3 ranks, an odd
-llama at 4 ranks).
+DeepSpeed's gradient accumulation is exercised), ZeRO-3 on 2 and ZeRO 1-3 on 4 ranks in bf16, ZeRO-2 / ZeRO-3
+with CPU offload, and ZeRO-3 stepping several sub-groups. Every rank is checked. Default tier: 9 launches (about
+2.5 minutes on 2 idle cores), among them a sweep; the slow tier adds seven (ZeRO-0, ZeRO 1-3 bf16 at 4 ranks, ZeRO-3
+offload, tiny-gpt2 at 3 ranks, an odd llama at 4 ranks).
 """
 import json
 import re
@@ -35,7 +35,11 @@ RUNS = {
     # ZeRO-Offload to the CPU with the trainer's torch AdamW (DeepSpeedCPUAdam needs a ~60 s build: slow tier)
     "zero2-offload-2-fp32": (2, 2, "fp32", 2, dict(offload_optimizer="cpu", ds_optimizer=False)),
     "zero3-offload-2-fp32": (3, 2, "fp32", 2, dict(offload_optimizer="cpu", offload_param="cpu", ds_optimizer=False)),
+    # ZeRO-3 stepping several sub-groups (a "zero" entry: keys written into zero_optimization); its own test
+    "zero3-subgroups-2-fp32": (3, 2, "fp32", 2, dict(zero={"sub_group_size": 20_000})),
 }
+# runs checked by a test of their own, not by the parametrized ones below (see that test's docstring)
+OWN_TEST = {"zero3-subgroups-2-fp32"}
 # in the slow tier (scripts/test.sh --slow) to keep the default run short; the slow tier also runs ZeRO-3 offload
 # with DeepSpeedCPUAdam (test_zero_offload.py)
 SLOW = {"zero0-2-fp32", "zero1-2-fp32", "zero1-4-bf16", "zero2-4-bf16", "zero3-4-bf16", "zero3-offload-2-fp32"}
@@ -44,7 +48,8 @@ SLOW = {"zero0-2-fp32", "zero1-2-fp32", "zero1-4-bf16", "zero2-4-bf16", "zero3-4
 
 
 def _names(keep=lambda name: True):
-    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(RUNS) if keep(n)]
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(RUNS)
+            if keep(n) and n not in OWN_TEST]
 
 
 # fp32 tolerance: DeepSpeed divides each gradient bucket by N and reduces it in other buckets and another order than
@@ -73,10 +78,11 @@ def runs(tmp_path_factory):
         if cfg is None:
             cache[name] = _train(f"zero{stage}", n, dtype, m)
         else:
-            kw = {k: v for k, v in cfg.items() if k != "drop"}
+            kw = {k: v for k, v in cfg.items() if k not in ("drop", "zero")}
             c = build_config(stage, dtype=dtype, **kw)
             for k in cfg.get("drop", ()):
                 c.pop(k)
+            c["zero_optimization"].update(cfg.get("zero", {}))
             path = save_config(c, tmp_path_factory.mktemp("cfg") / f"{name}.json")
             cache[name] = _train("deepspeed", n, dtype, m, "--ds-config", path)
         return cache[name]
@@ -147,12 +153,13 @@ def test_held_bytes_equal_deepspeed_layout(runs, name, no_orphans):
 
 # -- 3. measured bytes == `coursekit memory` ---------------------------------------------------------------------------
 def memory_cli(stage, n, dtype, micro_batch, micro_batches, rank=None, offload_optimizer="none",
-               offload_param="none", reduce_bucket_size=500_000):
+               offload_param="none", reduce_bucket_size=500_000, sub_group_size=None):
     out = subprocess.run([sys.executable, "-m", "coursekit.cli", "memory", "--model", "tiny-llama", "--batch",
                           str(micro_batch), "--seq", "32", "--dtype", dtype, "--dp", str(n), "--zero", str(stage),
                           "--microbatches", str(micro_batches), "--offload", offload_optimizer, "--offload-params",
                           offload_param, "--reduce-bucket-size", str(reduce_bucket_size), "--json",
-                          *([] if rank is None else ["--dp-rank", str(rank)])],
+                          *([] if rank is None else ["--dp-rank", str(rank)]),
+                          *([] if sub_group_size is None else ["--sub-group-size", str(sub_group_size)])],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -189,6 +196,34 @@ def test_held_bytes_equal_coursekit_memory(runs, name, no_orphans):
     if stage == 2 and "offload" not in name:  # ranks differ; without --dp-rank the calculator reports the fullest
         fullest = memory_cli(stage, n, dtype, recs[0]["final"]["micro_batch"], m)
         assert fullest["gradients_bytes"] == max(r["final"]["grads_bytes"] for r in recs)
+
+
+def test_zero3_steps_one_sub_group_of_fp32_gradients_at_a_time(runs, no_orphans):
+    """ZeRO-3 with ``sub_group_size`` 20,000: each rank's 62,624-element partition of tiny-llama packs into three
+    sub-groups (DeepSpeed's ``_create_fp16_sub_groups``; hand-worked in test_zero_config.py), and ``stage3.step``
+    builds, steps and frees one sub-group's fp32 gradients at a time. Measured: the trainer snapshots what the engine
+    holds after each sub-group's inner optimizer step, inside the only window in which that sub-group's fp32
+    gradients exist (``_prepare_sub_group`` .. ``_release_sub_group``), and keeps each category's maximum: the peak
+    over the step. On every rank it equals `coursekit memory --sub-group-size` (the largest sub-group) and is below
+    the whole partition's (the formula before); the rest of what DeepSpeed holds equals its layout, the losses DDP's.
+    Not in the parametrized tests: the trainer's per-tier split keeps the last sub-group's snapshot (its
+    ``_max_merge`` merges the top-level counts only) and the gradient norm is all-reduced once per sub-group."""
+    stage, n, dtype, m, cfg = RUNS["zero3-subgroups-2-fp32"]
+    numels = param_numels("tiny-llama")
+    all_at_once = 4 * sum(layout.zero3_partitions(numels, n))
+    ddp = runs("ddp")[0]
+    for rank, rec in enumerate(runs("zero3-subgroups-2-fp32")):
+        f = rec["final"]
+        assert f["zero_stage"] == 3 and f["ds_config"]["zero_optimization"]["sub_group_size"] == 20_000
+        assert f["other_bytes"] == 0, f"unclassified DeepSpeed tensors: {f['zero_held']}"
+        calc = memory_cli(stage, n, dtype, f["micro_batch"], m, rank, sub_group_size=20_000)
+        assert f["fp32_grads_bytes"] == calc["step_grad_copy_bytes"] < all_at_once, f"rank {rank}"
+        got = measured_vs_calculator(f, calc) | {"step_grad_copy": (f["fp32_grads_bytes"],
+                                                                    calc["step_grad_copy_bytes"])}
+        assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}, f"rank {rank}"
+        want = layout.deepspeed_bytes(numels, stage=3, world=n, rank=rank, micro_batches=m, sub_group_size=20_000)
+        assert {k: f[v] for k, v in FIELDS.items()} == {k: want[k] for k in FIELDS}, f"rank {rank}"
+        assert _losses(rec) == pytest.approx(_losses(ddp), abs=LOSS_ATOL)  # sub-groups change memory, not results
 
 
 _OFF = {"offload_optimizer": "cpu", "ds_optimizer": False}

@@ -1,9 +1,11 @@
 """ZeRO helpers that need no process group: config builder and files, layout model, communication expectations."""
 import json
+import re
 
 import pytest
 
-from coursekit.memory import deepspeed as layout
+from coursekit.memory import deepspeed as layout, estimate
+from coursekit.memory.cli import main as memory_main
 from coursekit.models import param_numels
 from coursekit.zero import collectives as comm, ds_config as config
 
@@ -225,3 +227,59 @@ def test_nvme_sub_groups_share_one_gradient_buffer():
     assert one["kept_grads"] == 3 * (1 << 19) * 4 and split["kept_grads"] == (1 << 19) * 4  # the largest only
     small = nvme_file_bytes([100, 100], world=2)  # too small to swap: everything stays on the host
     assert small["optimizer"] == small["grads"] == 0 and small["kept_grads"] == 4 * 100
+
+
+def test_zero3_step_peak_is_the_largest_sub_group_worked_by_hand():
+    """DeepSpeed's stage3.step builds one sub-group's fp32 gradient partition (_prepare_fp32_grad_for_sub_group),
+    steps it and frees it (_release_sub_group) before the next: the step holds the largest sub-group's."""
+    # 5 parameters of 6, 9, 4, 8, 2 elements on N = 2 ranks: partitions ceil(n/2) = 3, 5, 2, 4, 1 (15 per rank).
+    # sub_group_size 6, packed in order, a sub-group closed once it reaches 6 (_create_fp16_sub_groups):
+    # 3, 3+5 = 8 >= 6 closes [3, 5]; 2, 2+4 = 6 closes [2, 4]; the last parameter closes [1].
+    numels = [6, 9, 4, 8, 2]
+    parts = layout.zero3_partitions(numels, 2)
+    assert parts == [3, 5, 2, 4, 1]
+    assert layout.zero3_sub_groups(parts, 6) == [[3, 5], [2, 4], [1]]
+    z3 = layout.deepspeed_bytes(numels, stage=3, world=2, rank=1, sub_group_size=6)
+    assert z3["fp32_grads"] == 4 * 8  # the largest sub-group, 8 elements: 32 bytes (all at once: 4 x 15 = 60)
+    assert z3["master"] == z3["grads"] == 4 * 15 and z3["optimizer"] == 2 * 4 * 15  # the partitions: unchanged
+    assert z3["scalars"] == 3 * 4 + 8 + 1  # an Adam step per sub-group (3), the fp64 grad norm, the overflow flag
+    # sub_group_size 14: 3+5+2+4 = 14 closes [3, 5, 2, 4], then [1] -> 56 bytes; 15 (>= the whole partition): one
+    # sub-group -> 60 bytes, today's default-size case; 1: each parameter its own -> the largest partition, 5 -> 20
+    for size, peak in ((14, 4 * 14), (15, 4 * 15), (10**9, 4 * 15), (1, 4 * 5)):
+        assert layout.deepspeed_bytes(numels, stage=3, world=2, rank=0, sub_group_size=size)["fp32_grads"] == peak
+    # CPU offload: every sub-group keeps its own fp32 gradient buffer on the host all along -> 60 bytes there
+    off = layout.deepspeed_bytes(numels, stage=3, world=2, rank=0, sub_group_size=6, offload_optimizer="cpu",
+                                 offload_param="cpu")
+    assert off["tiers"]["cpu"]["fp32_grads"] == 4 * 15
+    # ZeRO-1/2 step one flat partition, no sub-groups: Ψ = 29 padded to 32 (a multiple of 2N), 16 per rank
+    for stage in (1, 2):
+        assert layout.deepspeed_bytes(numels, stage=stage, world=2, rank=0, sub_group_size=6)["fp32_grads"] == 4 * 16
+    with pytest.raises(ValueError, match=r"sub_group_size must be an integer > 0 \(elements\), got 0"):
+        layout.zero3_sub_groups(parts, 0)
+    for bad in (1.5, True, "20000"):
+        with pytest.raises(ValueError, match=re.escape(f"got {bad!r}")):
+            layout.zero3_sub_groups(parts, bad)
+
+
+def test_coursekit_memory_charges_tiny_llamas_largest_sub_group(capsys):
+    """tiny-llama on 2 ranks, ZeRO-3, fp32, --sub-group-size 20000 (the live run of test_zero.py). Partitions per rank
+    (ceil(n/2)): embedding 8192; per layer q 2048, k 1024, v 1024, o 2048, gate/up/down 5632 each, two norms 32;
+    final norm 32; head 8192; 62,624 in all. Packed: 8192+2048+1024+1024+2048+5632 = 19,968 < 20,000, + the first
+    layer's up 5632 = 25,600 closes; then down 5632 + 32 + 32 + 2048 + 1024 + 1024 + 2048 + 5632 = 17,472, + 5632 =
+    23,104 closes; the rest, 5632 + 32 + 32 + 32 + 8192 = 13,920. Largest 25,600 -> 102,400 bytes, not 250,496."""
+    kw = dict(batch=2, seq=32, dtype="fp32", dp=2, zero=3, microbatches=2)
+    small, one = estimate("tiny-llama", sub_group_size=20_000, **kw), estimate("tiny-llama", **kw)
+    assert small.categories["step_grad_copy"] == 4 * 25_600 and one.categories["step_grad_copy"] == 4 * 62_624
+    assert one.phases["optimizer_step"] - small.phases["optimizer_step"] == 4 * (62_624 - 25_600)  # the step's peak
+    assert one.phases["end_of_backward"] == small.phases["end_of_backward"]  # nothing else moves
+    args = ["--model", "tiny-llama", "--batch", "2", "--seq", "32", "--dtype", "fp32", "--dp", "2", "--zero", "3",
+            "--json"]
+    for flag in ("20000", "2e4"):
+        assert memory_main([*args, "--sub-group-size", flag]) == 0
+        assert json.loads(capsys.readouterr().out)["step_grad_copy_bytes"] == 4 * 25_600
+    for bad in ("0", "-5", "1.5", "lots"):
+        assert memory_main([*args, "--sub-group-size", bad]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: --sub-group-size takes a whole number of elements > 0 (20000, 1e9), got {bad!r}\n"
+    with pytest.raises(ValueError, match="sub_group_size must be > 0, got 0"):
+        estimate("tiny-llama", sub_group_size=0, **kw)
