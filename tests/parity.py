@@ -6,6 +6,15 @@
 
 One set of arguments (COMMON), one tolerance (LOSS_ATOL, PARAM_RTOL) and one cache, so the default tier pays for
 the single-process run once however many layouts compare with it.
+
+Adam is blind to a uniformly scaled gradient (a missing 1/ep or a gradient summed over half the ranks still trains
+"equal to one process" within LOSS_ATOL), so the gradients themselves too:
+
+    assert_grads_equal_one_process(["--model", "tiny-qwen3"], "ddp", 2, layout=["--tp", "2"])
+
+runs one forward + backward + the strategy's reduction of the trainer's model on every rank (this file is the
+worker) and compares every parameter's gradient with the single process's, within GRAD_RTOL; an expert-parallel
+rank's expert gradients with its slice of them.
 """
 from __future__ import annotations
 
@@ -25,6 +34,10 @@ COMMON = ["--model", "tiny-llama", "--steps", str(STEPS), "--seq", "32", "--glob
 # data slice, gradient scale or missing all-reduce moves them by >1e-3).
 LOSS_ATOL = 1e-5
 PARAM_RTOL = 1e-6
+
+
+GRAD_RTOL = 1e-6  # max |a - b| / max |b| per parameter: fp32 reordering only
+GRAD_COMMON = ["--seq", "32", "--global-batch", "8", "--seed", "3"]
 
 
 def train(strategy: str, nproc: int, *extra, timeout: float = 300):
@@ -76,3 +89,62 @@ def cli_ranks(*args, timeout: float = 400) -> list[dict]:
                          timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout[out.stdout.index("{"):])["ranks"]
+
+
+def max_rel(a, b) -> float:
+    return max(abs(x - y) for x, y in zip(a, b)) / max(1e-30, max(abs(y) for y in b))
+
+
+@functools.lru_cache(maxsize=None)
+def _one_process_grads(args: tuple) -> dict:
+    return launch(__file__, ["grads", *args, "--strategy", "single"], nproc=1, timeout=180, stream=False).results[0][
+        "grads"]
+
+
+def assert_grads_equal_one_process(args, strategy: str, nproc: int, *, layout=()) -> None:
+    """Every rank's gradient of every parameter (after the strategy's reduction) equals the one-process gradient
+    of the whole batch (``args`` without the ``layout`` flags); with ``--ep`` an expert gradient equals its rank's
+    slice (the EP coordinate from the run's own ParallelDims)."""
+    from coursekit.options import parse
+    from coursekit.parallel.validate import validate
+
+    args, layout = tuple(map(str, args)), [*map(str, layout), "--strategy", strategy]
+    one = _one_process_grads(args)
+    dims = validate(parse([*GRAD_COMMON, *args, *layout]), nproc)
+    res = launch(__file__, ["grads", *args, *layout], nproc=nproc, timeout=180, stream=False).results
+    assert len(res) == nproc
+    for rec in res:
+        assert set(rec["grads"]) == set(one)
+        for name, g in rec["grads"].items():
+            want = one[name]
+            if ".mlp.experts." in name and dims.ep > 1:  # this rank's experts: a contiguous slice of dim 0
+                n, slot = len(want) // dims.ep, dims.coord(rec["rank"], "ep")
+                want = want[slot * n:(slot + 1) * n]
+            assert len(g) == len(want) and max_rel(g, want) <= GRAD_RTOL, (rec["rank"], name, max_rel(g, want))
+
+
+def _grads_worker(argv) -> None:
+    from coursekit import dist as ckdist
+    from coursekit.launch import report
+    from coursekit.options import parse
+    from coursekit.parallel.run import build_run
+
+    opts = parse([*GRAD_COMMON, *argv])
+    with ckdist.session(seed=3) as info:
+        run = build_run(info, opts)
+        st = run.strategy
+        for i, b in enumerate(run.micro_batches(0)):
+            st.backward(st.forward_loss(b), i, 1)
+        st.reduce_grads()  # the part of the reduction a step does before the optimizer (TP's partial gradients)
+        grads = {}
+        for name, p in st.model.named_parameters():
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            grads[name.replace("module.", "")] = g.double().flatten().tolist()
+        report({"rank": info.rank, "grads": grads})
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["grads"]:
+        _grads_worker(sys.argv[2:])

@@ -116,35 +116,8 @@ def _worker() -> None:
     from coursekit import dist as ckdist
     from coursekit.launch import report
 
-    if len(sys.argv) > 1 and sys.argv[1] == "grads":
-        return _grads_worker(sys.argv[2:])
     with ckdist.session(seed=0) as info:
         report({name: _case(name, info.rank, info.world_size, dist.group.WORLD) for name in CASES})
-
-
-GRAD_ARGS = ["--model", "tiny-qwen3-moe", "--seq", "32", "--global-batch", "8", "--seed", "3",
-             "--router-aux-loss-coef", "0"]
-
-
-def _grads_worker(argv) -> None:
-    """One forward + backward of the trainer's model (its data for this rank, after the strategy's wrap): every
-    parameter's gradient as this rank holds it after the reduction, the expert slices' as slices."""
-    from coursekit import dist as ckdist
-    from coursekit.launch import report
-    from coursekit.options import parse
-    from coursekit.parallel.run import build_run
-
-    opts = parse([*GRAD_ARGS, *argv])
-    with ckdist.session(seed=3) as info:
-        run = build_run(info, opts)
-        st = run.strategy
-        for i, b in enumerate(run.micro_batches(0)):
-            st.backward(st.forward_loss(b), i, 1)
-        grads = {}
-        for name, p in st.model.named_parameters():
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            grads[name.replace("module.", "")] = g.double().flatten().tolist()
-        report({"rank": info.rank, "grads": grads})
 
 
 def _max_rel(a, b) -> float:
@@ -189,30 +162,22 @@ MOE = ("--router-aux-loss-coef", "0")
 
 
 # default-tier budget: 4 ranks with ep_rest 2 run in the slow tier; dp2xcp2-ep2 (4 ranks, ep_rest 2) stays
-@pytest.mark.parametrize("strategy, nproc, ep, extra", [("ddp", 2, 2, ()),
-                                                        pytest.param("ddp", 4, 2, (), marks=pytest.mark.slow),
-                                                        ("ddp", 4, 2, ("--cp", "2"))],
-                         ids=["ddp2-ep2", "ddp4-ep2", "dp2xcp2-ep2"])
-def test_every_gradient_equals_one_process(strategy, nproc, ep, extra, no_orphans):
+@pytest.mark.parametrize("strategy, nproc, extra", [
+    ("ddp", 2, ()),
+    pytest.param("ddp", 4, (), marks=pytest.mark.slow),
+    ("ddp", 4, ("--cp", "2")),
+    ("ddp", 4, ("--tp", "2")),
+    pytest.param("fsdp2", 4, ("--tp", "2"), marks=pytest.mark.slow),  # default tier: ddp's tp case, fsdp2-ep below
+], ids=["ddp2-ep2", "ddp4-ep2", "dp2xcp2-ep2", "dp2xtp2-ep2", "fsdp2-dp2xtp2-ep2"])
+def test_every_gradient_equals_one_process(strategy, nproc, extra, no_orphans):
     """Adam is blind to a uniformly scaled gradient (a missing 1/ep would still train 'equal to one process'), so
     the gradients themselves: after one backward and the strategy's reduction, every dense parameter's gradient and
     every expert slice's equal the one-process gradient (of the whole batch) and its slice, within 1e-6; also with
-    context parallelism, whose ranks EP borrows as well."""
-    from coursekit.launch import launch
+    context parallelism, whose ranks EP borrows as well, and with tensor parallelism, whose ranks split the sparse
+    block's tokens (router and expert gradients summed over them; without that sum they are each rank's part)."""
+    from parity import assert_grads_equal_one_process
 
-    me = str(Path(__file__).resolve())
-    one = launch(me, ["grads", "--strategy", "single"], nproc=1, timeout=180, stream=False).results[0]["grads"]
-    res = launch(me, ["grads", "--strategy", strategy, "--ep", str(ep), *extra], nproc=nproc, timeout=180,
-                 stream=False).results  # with --cp: EP borrows the context-parallel ranks too (loss = dp x cp)
-    for rec in res:
-        slot = rec["rank"] % ep  # the EP coordinate: the innermost ep of the data-parallel ranks
-        assert set(rec["grads"]) == set(one)
-        for name, g in rec["grads"].items():
-            want = one[name]
-            if ".mlp.experts." in name:  # this rank's experts: a contiguous slice of dim 0
-                n = len(want) // ep
-                want = want[slot * n:(slot + 1) * n]
-            assert len(g) == len(want) and _max_rel(g, want) <= 1e-6, (rec["rank"], name, _max_rel(g, want))
+    assert_grads_equal_one_process(["--model", "tiny-qwen3-moe", *MOE], strategy, nproc, layout=["--ep", 2, *extra])
 
 
 # default-tier budget: ep 4 on 4 ranks is slow-tier (the dispatch test runs ep 4; the FSDP2 case runs 4 ranks)
@@ -320,7 +285,11 @@ def test_expert_slice_keys_round_trip_and_their_count_is_checked():
      "--capacity-factor must be > 0"),
     (["--model", "tiny-qwen3-moe", "--ep", "2", "--nproc", "4", "--pp", "2"], "--ep with --pp is not supported"),
     (["--model", "tiny-llama", "--router-aux-loss-coef", "0.1"], "applies to mixture-of-experts models"),
-    (["--model", "tiny-qwen3-moe", "--nproc", "2", "--tp", "2"], "--tp on a mixture-of-experts model"),
+    (["--model", "tiny-qwen3-moe", "--nproc", "2", "--tp", "2"],  # the config's own coefficient is > 0
+     "--tp 2 on a mixture-of-experts model: the load-balancing loss .* pass --router-aux-loss-coef 0"),
+    (["--model", "tiny-qwen3-moe", "--nproc", "2", "--tp", "2", "--sp", *MOE], "--sp with a mixture-of-experts"),
+    (["--model", "tiny-qwen3-moe", "--nproc", "4", "--tp", "4", "--seq", "30", *MOE],
+     "sequence per CP rank \\(30\\) must be divisible by it"),
 ])
 def test_bad_ep_input_is_refused_before_launch(args, needle):
     from coursekit.train.launcher import plan

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from coursekit.launch import launch
-from parity import assert_equal_to_single, baseline, train
+from parity import assert_equal_to_single, assert_grads_equal_one_process, baseline, train
 
 
 def _config(tmp_path_factory, name, **change):
@@ -21,6 +21,13 @@ def _config(tmp_path_factory, name, **change):
 def one_kv_head(tmp_path_factory):
     """A Llama-style config.json with multi-query attention: 1 key/value head, fewer than tp = 2."""
     return _config(tmp_path_factory, "llama-mqa", num_key_value_heads=1)
+
+
+def test_qwen3_qk_norm_gradients_are_summed_over_tp_ranks(no_orphans):
+    """Qwen3's q/k RMSNorm weights are used by every head; a TP rank holds half the heads, so its gradient of them
+    is half the story. Every gradient after the reduction equals one process's (the norms' were each rank's part
+    until the family plan's ``head_shared`` summed them; Adam hid it in the losses)."""
+    assert_grads_equal_one_process(["--model", "tiny-qwen3"], "ddp", 2, layout=["--tp", "2"])
 
 
 def test_tp2_with_sequence_parallelism_equals_single(no_orphans):

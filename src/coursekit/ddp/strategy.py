@@ -49,6 +49,8 @@ class DDP(Strategy):
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
             self.composable = True
+            for m in split.split_modules(model):  # expert slices: averaged over the ranks holding the same slice only
+                replicate(m, mesh=m._coursekit_split.replicas)
             return replicate(model, mesh=mesh)
         self.composable = False
         hand = split.split_params(model)  # expert slices: not the same on every rank, so not in DDP's buckets

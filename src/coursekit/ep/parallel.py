@@ -27,10 +27,10 @@ class ExpertParallel:
         plan_for(shape.family, "--ep", model)
         if shape.experts % ep:
             raise ValueError(f"--ep {ep} does not divide the {shape.experts} experts of {model}")
-        for flag, on in (("--pp", dims.pp > 1), ("--tp", dims.tp > 1), ("--recompute full", opts.train.recompute == "full"), ("--compile", opts.train.compile)):
+        for flag, on in (("--pp", dims.pp > 1), ("--recompute full", opts.train.recompute == "full"), ("--compile", opts.train.compile)):
             if on:
                 raise ValueError(f"--ep with {flag} is not supported yet (expert parallelism composes with data, "
-                                 "FSDP2, context parallelism and DCP checkpoints)")
+                                 "FSDP2, tensor and context parallelism and DCP checkpoints)")
 
     def __init__(self, ctx):
         self.ctx = ctx

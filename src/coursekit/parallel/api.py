@@ -163,7 +163,13 @@ class Strategy:
         self.step(measure=measure)
         return loss
 
+    def reduce_grads(self) -> None:
+        """What is left of the gradient reduction after backward: TP's token-split MoE blocks (each rank's gradient
+        is its tokens' part) summed over the TP ranks (``coursekit.parallel.split.sum_partial_grads``)."""
+        split.sum_partial_grads(self.model)
+
     def step(self, measure: bool = False) -> None:
+        self.reduce_grads()
         self.optimizer.step()
         if measure:
             self.last_state_bytes = self.state_bytes()

@@ -35,6 +35,28 @@ def mark(module: torch.nn.Module, split: Split) -> None:
     module._coursekit_split = split
 
 
+def mark_partial(module: torch.nn.Module, group) -> None:
+    """Declare every parameter of ``module`` (also those a later parallelism puts inside it) *partial* over
+    ``group``: each rank's gradient covers only its own tokens (TP's token split of a mixture-of-experts block),
+    so ``sum_partial_grads`` sums them over ``group`` before the optimizer step."""
+    module._coursekit_partial = group
+
+
+def sum_partial_grads(model: torch.nn.Module) -> None:
+    """All-reduce (sum), over its group, the gradient of every parameter of a ``mark_partial`` module: after the
+    data-parallel reduction (DDP's buckets, FSDP2's reduce-scatter: linear, so the order does not matter), before
+    the step. Under FSDP2 each rank sums its local shard: the ranks of the group hold the same shard."""
+    from torch.distributed.tensor import DTensor
+
+    for m in model.modules():
+        group = getattr(m, "_coursekit_partial", None)
+        if group is None:
+            continue
+        for p in m.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad, group=group)
+
+
 def split_modules(model: torch.nn.Module) -> list:
     return [m for m in model.modules() if getattr(m, "_coursekit_split", None) is not None]
 

@@ -6,7 +6,7 @@ entry here plus its shapes in ``coursekit.memory.shapes`` (and its config keys i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class FamilyPlan:
     router's top-k ids and weights); expert parallelism replaces it by this rank's slice. None: a dense MLP."""
     router: str | None = None
     """The router of a block (logits over the experts, then top-k)."""
+    head_shared: tuple[str, ...] = ()
+    """Modules every attention head uses (Qwen3's q/k RMSNorm over ``head_dim``): whole on every TP rank, but each
+    rank's gradient covers only its own heads, so TP sums them over its ranks."""
 
 
 LLAMA = FamilyPlan(body="model", blocks="layers", embed="embed_tokens", final_norm="norm", head="lm_head",
@@ -52,9 +55,12 @@ MOE = FamilyPlan(body="model", blocks="layers", embed="embed_tokens", final_norm
                  kv=("self_attn.k_proj", "self_attn.v_proj"), rowwise=("self_attn.o_proj",),
                  norms=("input_layernorm", "post_attention_layernorm"), experts="mlp.experts", router="mlp.gate")
 
-# coursekit.memory.shapes' family (the HF model_type) -> plan: Llama 2/3, Mistral, Qwen2 (biases) and Qwen3 (q/k norms
-# inside the attention) share the Llama layout
-PLANS = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mixtral": MOE, "qwen3_moe": MOE}
+# Qwen3 and Qwen3-MoE: the Llama / MoE layout plus the q/k norms inside the attention, shared by all heads
+QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+QWEN3, QWEN3_MOE = replace(LLAMA, head_shared=QK_NORMS), replace(MOE, head_shared=QK_NORMS)
+
+# coursekit.memory.shapes' family (the HF model_type) -> plan: Llama 2/3, Mistral, Qwen2 (biases) share the Llama layout
+PLANS = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "qwen3": QWEN3, "mixtral": MOE, "qwen3_moe": QWEN3_MOE}
 
 
 def plan_for(family: str, what: str, model: str) -> FamilyPlan:

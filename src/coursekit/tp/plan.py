@@ -17,6 +17,16 @@ same wire bytes as the all-reduce, activations split in between. The stage's fir
 (replicated) embedding output, its last block's output is all-gathered again, so embedding, final norm and head stay
 replicated, and a pipeline stage sends whole sequences.
 
+A mixture of experts (Mixtral, Qwen3-MoE; Megatron-Core's expert tensor-parallel size 1): TP splits the attention
+only. The sparse MLP block (router and experts, or EP's slice of them) is whole on every TP rank, and the TP ranks
+split its *tokens*: entering the block each rank keeps its 1/tp of every sequence (Replicate -> Shard(1), a slice:
+no communication), leaving it the outputs are all-gathered (Shard(1) -> Replicate). Backward mirrors it (the input's
+gradient all-gathered, the output's sliced). Each rank's router and expert gradients then cover its own tokens
+only: they are summed over the TP ranks before the step (``coursekit.parallel.split.mark_partial``).
+
+Qwen3's q/k RMSNorms (one ``head_dim`` weight every head uses) stay whole on every rank; a rank's gradient of them
+covers its own heads only, so it is summed over the TP ranks too (the family plan's ``head_shared``).
+
 Grouped-query attention with fewer key/value heads than ``tp`` (Megatron and DeepSpeed replicate them): k_proj and
 v_proj stay whole (a replicated DTensor); each rank keeps the one K/V head its query heads use (head r·kv/tp) and
 its slice of the gradient counts as a partial sum, summed over the TP ranks into the replicated weight's gradient.
@@ -24,6 +34,7 @@ its slice of the gradient counts as a partial sum, summed over the TP ranks into
 from __future__ import annotations
 
 from coursekit.parallel.compose import model_parts
+from coursekit.parallel.validate import router_aux_coef
 from coursekit.spec.families import plan_for
 from coursekit.tp import TPOptions
 
@@ -38,11 +49,24 @@ class TensorParallel:
         shape = resolve_model(opts.train.model)
         plan_for(shape.family, "--tp", opts.train.model)
         if shape.is_moe:
-            raise ValueError(f"--tp on a mixture-of-experts model ({opts.train.model}) is not wired yet: the sparse "
-                             "MLP block takes a whole hidden state; use --ep for the experts and data parallelism")
+            cls._check_moe(opts, dims)
         if opts.of(TPOptions).sp and (opts.train.seq // dims.cp) % dims.tp:
             raise ValueError(f"--sp needs the sequence per CP rank ({opts.train.seq // dims.cp}) divisible by "
                              f"tp {dims.tp}")
+
+    @staticmethod
+    def _check_moe(opts, dims) -> None:
+        model, tp = opts.train.model, dims.tp
+        if opts.of(TPOptions).sp:
+            raise ValueError(f"--sp with a mixture-of-experts model ({model}) is not wired: TP splits the sparse "
+                             "block's tokens itself (drop --sp)")
+        if (opts.train.seq // dims.cp) % tp:
+            raise ValueError(f"--tp {tp} on a mixture-of-experts model splits every sequence's tokens over the TP "
+                             f"ranks for the experts: the sequence per CP rank ({opts.train.seq // dims.cp}) must be "
+                             "divisible by it")
+        if router_aux_coef(opts):
+            raise ValueError(f"--tp {tp} on a mixture-of-experts model: the load-balancing loss would be computed on "
+                             "each TP rank's tokens apart; pass --router-aux-loss-coef 0")
 
     def __init__(self, ctx):
         from coursekit.memory.calculator import resolve_model
@@ -61,8 +85,9 @@ class TensorParallel:
         out = {"output_layouts": Shard(1)} if self.sp else {}
         f = self.family
         p = {f.attention: PrepareModuleInput(input_kwarg_layouts={"hidden_states": inp},
-                                             desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-             f.mlp: PrepareModuleInput(input_layouts=(inp,), desired_input_layouts=(Replicate(),))}
+                                             desired_input_kwarg_layouts={"hidden_states": Replicate()})}
+        if f.experts is None:  # a sparse block takes plain tensors: its tokens are split (token_split), not weights
+            p[f.mlp] = PrepareModuleInput(input_layouts=(inp,), desired_input_layouts=(Replicate(),))
         p |= {name: ColwiseParallel() for name in f.colwise + (f.kv if kv_split else ())}
         p |= {name: RowwiseParallel(**out) for name in f.rowwise}
         if self.sp:
@@ -94,6 +119,15 @@ class TensorParallel:
             attn.num_key_value_groups = (attn.config.num_attention_heads // tp) // max(kv // tp, 1)
         if self.sp and here:
             seq_shard(here[0], here[-1], mesh)
+        from coursekit.parallel.split import mark_partial  # torch: `check` runs in the CLI, before any launch
+
+        for block in here:
+            for name in self.family.head_shared:  # each rank's heads' share of a module all heads use: summed
+                mark_partial(block.get_submodule(name), mesh.get_group())
+            if self.family.experts is not None:
+                moe = block.get_submodule(self.family.mlp)
+                token_split(moe, mesh)
+                mark_partial(moe, mesh.get_group())  # its router and experts saw 1/tp of the tokens
 
 
 def replicate_kv(proj, mesh, *, head: int, head_dim: int) -> None:
@@ -127,3 +161,20 @@ def seq_shard(first, last, mesh) -> None:
 
     first.register_forward_pre_hook(enter, with_kwargs=True)
     last.register_forward_hook(leave)
+
+
+def token_split(moe, mesh) -> None:
+    """A sparse MLP block on 1/tp of the tokens: its input sliced along the sequence, its output all-gathered (both
+    as DTensor redistributions, so autograd gathers the input's gradient and slices the output's)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def enter(module, args):
+        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
+        return (x.redistribute(placements=[Shard(1)]).to_local().contiguous(), *args[1:])
+
+    def leave(module, args, output):
+        return DTensor.from_local(output, mesh, [Shard(1)], run_check=False).redistribute(
+            placements=[Replicate()]).to_local()
+
+    moe.register_forward_pre_hook(enter)
+    moe.register_forward_hook(leave)
