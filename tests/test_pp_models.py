@@ -237,18 +237,21 @@ def test_peak_of_interleaved_1f1b_replays_only_the_warm_up_and_one_period():
     assert peak("interleaved-1f1b", 2, 0, 8, None, lambda s: 10, lambda s: 1) == (61, 5)
     # other schedules are replayed whole: GPipe, 16 micro-batches, all 16 in flight at its peak
     assert peak("gpipe", 2, 0, 16, None, lambda s: 1) == (16, 16)
+    # stages per rank given: LoopedBFS with 3 holds every one of its v·m = 3 x 2 chunk micro-batches at once
+    assert peak("looped-bfs", 2, 0, 2, 3, lambda s: 1) == (6, 6)
 
 
 def test_multi_stage_orders_are_torchs():
     """Each multi-stage schedule's order against torch's own schedule class (its
     ``_calculate_single_rank_operations``, tests/test_pp.py's reference ``_torch_order``), 2-3 ranks, 2-8
-    micro-batches, the schedules' default 2 stages per rank."""
+    micro-batches (DualPipeV: 2-5 ranks), the schedules' default 2 stages per rank."""
     pytest.importorskip("torch.distributed.pipelining")
     from test_pp import _torch_order
 
     for schedule in ("interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev"):
-        for pp in (2, 3):
-            for m in (2, 3, 4, 6, 7, 8):
+        # DualPipeV splits its last backwards at rank-dependent places (the rank's half, its parity): ranks 0-4 too
+        for pp in (2, 3) + ((4, 5) if schedule == "dualpipev" else ()):
+            for m in (2, 3, 4, 6, 7, 8) if pp < 4 else (2 * pp, 2 * pp + 1):
                 if schedule in ("interleaved-1f1b", "interleaved-zb") and m % max(1, m // pp):
                     continue
                 if schedule == "dualpipev" and m < 2 * pp:
