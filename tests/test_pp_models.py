@@ -258,3 +258,103 @@ def test_multi_stage_orders_are_torchs():
                     continue
                 for rank in range(pp):
                     assert order(schedule, pp, rank, m) == _torch_order(schedule, pp, rank, m, 2), (schedule, pp, m)
+
+
+# -- the bubble model (coursekit.pp.bubble: pure Python, timelines as tuples) ----------------------------------------
+
+def test_bubble_theory_closed_forms():
+    from coursekit.pp.bubble import theory
+
+    assert theory(4, 8) == pytest.approx(3 / 11)  # GPipe / 1F1B on 4 stages, 8 micro-batches: (p−1)/(m+p−1)
+    assert theory(4, 8, v=2) == pytest.approx(3 / 19)  # interleaved, 2 stages per rank: (p−1)/(v·m+p−1)
+    assert theory(1, 5) == 0  # one stage: nothing to wait for
+
+
+def _heavy_last_stage():
+    """GPipe, 2 stages, 2 micro-batches; stage 0: F 1, B 2; stage 1 twice as heavy: F 2, B 4. Replayed: rank 0 F F
+    in [0, 2]; rank 1 F in [1, 3], [3, 5], B in [5, 9], [9, 13]; rank 0 B in [9, 11], [13, 15]. Span 15; busy 6 and
+    12: bubbles 1 − 6/15 = 0.6 and 1 − 12/15 = 0.2."""
+    return {(0, "F"): 1.0, (0, "B"): 2.0, (1, "F"): 2.0, (1, "B"): 4.0}, [0.6, 0.2]
+
+
+def test_ideal_with_measured_stage_costs_replays_the_schedule_with_them():
+    from coursekit.pp.bubble import ideal
+
+    cost, want = _heavy_last_stage()
+    assert ideal("gpipe", 2, 2, cost=cost) == pytest.approx(want)
+    # a split backward's input pass is costed as the timeline's "B". ZB1P, pp 2, m 2 (its orders above), F = I = 1,
+    # W = 0: rank 0 F F in [0, 2], F F of stage 2 in [2, 4]; rank 1 stage 1 in [1, 3], F(3,0) [3, 4], I [4, 5],
+    # F(3,1) [5, 6], I [6, 7]; rank 0 I(2,·) [5, 6], [7, 8]; rank 1 I(1,·) [7, 8], [8, 9]; rank 0 I(0,·) [8, 9],
+    # [9, 10]. Span 10, 8 busy on each rank: 0.2
+    zb = ideal("interleaved-zb", 2, 2, cost={**{(s, k): 1.0 for s in range(4) for k in "FB"},
+                                             **{(s, "W"): 0.0 for s in range(4)}})
+    assert zb == pytest.approx([0.2, 0.2])
+
+
+def test_uneven_formula_worked_by_hand():
+    from coursekit.pp.bubble import theory_uneven
+
+    cost, want = _heavy_last_stage()
+    m = 2
+
+    def tl(stage):  # each chunk (stage, kind, mb, start, end, cpu): wall 10x the CPU seconds (a busy machine)
+        out, t = [], 0.0
+        for kind in "FB":
+            for mb in range(m):
+                d = cost[(stage, kind)]
+                out.append((stage, kind, mb, t, t + 10 * d, d))
+                t += 10 * d
+        return out
+
+    # GPipe: span = Σf + (m−1)·max f + Σb + (m−1)·max b = 3 + 2 + 6 + 4 = 15; stage s: 1 − m·(f_s + b_s)/15
+    assert theory_uneven([tl(0), tl(1)], None, m, "gpipe") == pytest.approx(want)
+    # 1F1B-style: span = Σ(f + b) + (m−1)·max(f + b) = 9 + 6 = 15 too here
+    assert theory_uneven([tl(0), tl(1)], None, m, "1f1b") == pytest.approx(want)
+    # the wall clock (10x) scales every term alike: the same shares
+    assert theory_uneven([tl(0), tl(1)], None, m, "gpipe", clock="wall") == pytest.approx(want)
+    # the last stage's loss, 1 s per micro-batch (as events), joins its forward: f_1 = 2 + 1 = 3, so the GPipe span
+    # is Σf 4 + max f 3 + Σb 6 + max b 4 = 17; stage 0: 1 − 2·3/17, stage 1: 1 − 2·(3 + 4)/17
+    loss = [[], [(1, "L", mb, 0.0, 10.0, 1.0) for mb in range(m)]]
+    assert theory_uneven([tl(0), tl(1)], loss, m, "gpipe") == pytest.approx([1 - 6 / 17, 1 - 14 / 17])
+
+
+def test_replay_counts_the_loss_waits_for_dependencies_and_refuses_an_impossible_order():
+    from coursekit.pp.bubble import replay
+
+    # 2 stages, 1 micro-batch, F 1 and B 2 each; the last stage's loss, 1 s, after its forward. Replayed: rank 0 F
+    # [0, 1]; rank 1 F + loss [1, 3], B [3, 5]; rank 0 B [5, 7]. Span 7: bubbles 1 − 3/7 and 1 − 4/7
+    st0 = [(0, "B", 0, 5.0, 7.0), (0, "F", 0, 0.0, 1.0)]  # listed out of order: replay sorts by start time
+    st1 = [(1, "F", 0, 1.0, 2.0), (1, "B", 0, 3.0, 5.0)]
+    assert replay([st0, st1], [[], [(1, "L", 0, 2.0, 3.0)]]) == pytest.approx([4 / 7, 3 / 7])
+    assert replay([st0, st1]) == pytest.approx([1 - 3 / 6, 1 - 3 / 6])  # no loss: span 6, 3 busy each
+    # CPU seconds instead of wall: forwards 0.5, backwards 1 → span 3, both busy 1.5: bubble 1/2
+    cpu = [[(0, "F", 0, 0.0, 1.0, 0.5), (0, "B", 0, 5.0, 7.0, 1.0)],
+           [(1, "F", 0, 1.0, 2.0, 0.5), (1, "B", 0, 3.0, 5.0, 1.0)]]
+    assert replay(cpu, clock="cpu") == pytest.approx([0.5, 0.5])
+    # a weight pass waits for its own input pass: stage 1's W (1 s) in [4, 5] after its B [2, 4], while rank 0's B
+    # runs [4, 6]: span 6, busy 3 and 4
+    zb = [[(0, "F", 0, 0.0, 1.0), (0, "B", 0, 4.0, 6.0)], [(1, "F", 0, 1.0, 2.0), (1, "B", 0, 2.0, 4.0),
+                                                         (1, "W", 0, 4.0, 5.0)]]
+    assert replay(zb) == pytest.approx([1 - 3 / 6, 1 - 4 / 6])
+    # rank 0 runs its backward first: it needs stage 1's backward, which needs stage 0's forward: never runs
+    bad = [[(0, "B", 0, 0.0, 1.0), (0, "F", 0, 1.0, 2.0)], [(1, "F", 0, 2.0, 3.0), (1, "B", 0, 3.0, 4.0)]]
+    with pytest.raises(ValueError, match=r"^the timelines' chunk order is not a schedule \(a dependency never "
+                                         r"ran\)$"):
+        replay(bad)
+
+
+def test_breakdown_splits_each_ranks_span_into_compute_waits_and_the_rest():
+    from coursekit.pp.bubble import breakdown, measured
+
+    # span [0, 10] over both ranks; rank 0 computes 1 + 3 = 4 s (CPU 2 s: stretched 2x), waits 2 s of a recv that
+    # began before the span (clipped to [0, 10]); rank 1 computes 4 s plus a 1 s loss (an event, also compute)
+    r0 = [(0, "F", 0, 0.0, 1.0, 0.5), (0, "B", 0, 7.0, 10.0, 1.5)]
+    r1 = [(1, "F", 0, 2.0, 4.0, 2.0), (1, "B", 0, 5.0, 7.0, 2.0)]
+    events = [[(0, "P", 0, -3.0, 2.0)], [(1, "L", 0, 4.0, 5.0, 1.0)]]
+    b0, b1 = breakdown([r0, r1], events)
+    assert b0 == pytest.approx({"span": 10, "compute": 4, "p2p_wait": 2, "other": 4, "bubble": 0.6, "stretch": 2})
+    assert b1 == pytest.approx({"span": 10, "compute": 5, "p2p_wait": 0, "other": 5, "bubble": 0.5, "stretch": 1})
+    assert measured([r0, r1], events) == pytest.approx([0.6, 0.5])
+    # without events the loss is not counted; chunks without CPU seconds: no stretch
+    assert measured([r0, r1]) == pytest.approx([0.6, 0.6])
+    assert breakdown([[c[:5] for c in r0], [c[:5] for c in r1]])[0]["stretch"] is None
