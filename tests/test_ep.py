@@ -181,28 +181,33 @@ def test_every_gradient_equals_one_process(strategy, nproc, extra, no_orphans):
 
 
 # default-tier budget: ep 4 on 4 ranks is slow-tier (the dispatch test runs ep 4; the FSDP2 case runs 4 ranks)
-@pytest.mark.parametrize("strategy, nproc, ep, model", [
-    ("ddp", 2, 2, "tiny-qwen3-moe"),
-    pytest.param("ddp", 4, 4, "tiny-qwen3-moe", marks=pytest.mark.slow),
-    ("fsdp2", 4, 2, "tiny-mixtral"),
+# TP x EP (dp2 x tp2, ep 2 over the data ranks): the TP ranks split each sparse block's tokens
+@pytest.mark.parametrize("strategy, nproc, ep, model, tp", [
+    ("ddp", 2, 2, "tiny-qwen3-moe", 1),
+    pytest.param("ddp", 4, 4, "tiny-qwen3-moe", 1, marks=pytest.mark.slow),
+    ("fsdp2", 4, 2, "tiny-mixtral", 1),
+    ("ddp", 4, 2, "tiny-qwen3-moe", 2),
 ])
-def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, no_orphans):
+def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, tp, no_orphans):
     """Equal to one process; and on the counted (last) step every rank's all-to-all bytes equal the volume model of
-    the router counts the ranks recorded, and its peak of saved activations equals the calculator's for the rows
-    its experts received (uneven: the router is random)."""
+    the router counts the ranks recorded (its EP group: the ranks of its TP coordinate), and its peak of saved
+    activations equals the calculator's for the rows its experts received (uneven: the router is random); with TP
+    each rank routes 1/tp of the tokens."""
     from coursekit.comm import volume
     from coursekit.memory import activation_bytes, estimate, preset
+    from coursekit.spec.dims import ParallelDims
 
     base = baseline("--model", model, *MOE)
-    res = train(strategy, nproc, "--model", model, "--ep", ep, "--count-step", *MOE)
+    res = train(strategy, nproc, "--model", model, "--ep", ep, "--tp", tp, "--count-step", *MOE)
     assert_equal_to_single(res, base, nproc)
     shape, recs = preset(model), res.results
     last = [r["steps"][-1]["expert_tokens"] for r in recs]  # [rank][layer][expert]
-    loss_ranks = nproc  # every rank is a loss rank here: ep borrows from them
-    groups = [list(range(g * ep, (g + 1) * ep)) for g in range(loss_ranks // ep)]
+    # ep borrows the data ranks of one TP coordinate: with tp 2 on 4 ranks, {0, 2} and {1, 3} (tp is innermost)
+    groups = [[g * ep * tp + i * tp + c for i in range(ep)] for g in range(nproc // (ep * tp)) for c in range(tp)]
+    assert sorted(map(sorted, ParallelDims(world_size=nproc, tp=tp, ep=ep).groups("ep"))) == sorted(groups)
     for rank, rec in enumerate(recs):
         f, step = rec["final"], rec["steps"][-1]
-        n = f["micro_batch"] * f["seq"]
+        n = f["micro_batch"] * f["seq"] // tp
         assert all(sum(layer) == n * shape.top_k for layer in step["expert_tokens"])
         assert step["expert_tokens_all_ranks"] == [[sum(c[l][e] for c in last) for e in range(shape.experts)]
                                                   for l in range(shape.layers)]
@@ -212,15 +217,20 @@ def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, no_orpha
         want = volume.payload_bytes(plan)
         assert f["comm"]["all_to_all"]["bytes"] == want
         reports = [activation_bytes(shape, f["micro_batch"], f["seq"], dtype="fp32", attention="sdpa", impl="hf",
-                                    kernels="cpu", position_ids="per-sequence", ep=ep, expert_rows=r) for r in rows]
+                                    kernels="cpu", position_ids="per-sequence", ep=ep, tp=tp, expert_rows=r)
+                   for r in rows]
         assert f["peak_saved_bytes"] == sum(x.layer_bytes for x in reports) + sum(reports[0].model.values())
         assert rows != [n * shape.top_k] * shape.layers or ep == 1  # the split really was uneven somewhere
         # the model states this rank holds: the dense parameters whole (DDP) or 1/N (FSDP2), its experts' slices
-        e = estimate(model, batch=f["micro_batch"], seq=f["seq"], dtype="fp32", strategy=strategy, dp=nproc, ep=ep,
-                     aux_loss=False, kernels="cpu", position_ids="per-sequence").to_dict()
+        e = estimate(model, batch=f["micro_batch"], seq=f["seq"], dtype="fp32", strategy=strategy, dp=nproc // tp,
+                     tp=tp, ep=ep, aux_loss=False, kernels="cpu", position_ids="per-sequence").to_dict()
+        # under TP the calculator splits embedding and head over the vocabulary (Megatron's vocab-parallel layers);
+        # the trainer's TP plan keeps both whole on every rank: 4 B x (V·h each) x (1 - 1/tp) more per rank, here
+        # 4 x 2·256·64 x 1/2 = 65,536 B of parameters (and as much gradient; twice that of Adam's two states)
+        whole = 4 * 2 * shape.vocab * shape.hidden * (tp - 1) // tp
         assert {k: f[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes")} == {
-            "params_bytes": e["parameters_bytes"], "grads_bytes": e["gradients_bytes"],
-            "optimizer_bytes": e["optimizer_states_bytes"]}, rank
+            "params_bytes": e["parameters_bytes"] + whole, "grads_bytes": e["gradients_bytes"] + whole,
+            "optimizer_bytes": e["optimizer_states_bytes"] + 2 * whole}, rank
 
 
 def _resumed_equal(res, base, half):

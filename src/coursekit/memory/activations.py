@@ -146,9 +146,12 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
         if shape.qk_norm:
             t.update(_qk_norm(impl=impl, P=P, n=n, a=a, k=k, d=d))
         t.update(norm("mlp_norm"))
-        if shape.is_moe:
-            rows = n * shape.top_k if expert_rows is None else expert_rows
-            t.update(_moe(shape, P=P, n=n, ep=ep, rows=rows))
+        if shape.is_moe:  # TP's ranks split the sparse block's tokens (coursekit.tp.plan.token_split)
+            n_moe = n // tp
+            if tp > 1:  # what the router and experts save is the norm output's slice (a copy), not the output
+                t["mlp_norm.output"] = P * n_moe * h
+            rows = n_moe * shape.top_k if expert_rows is None else expert_rows
+            t.update(_moe(shape, P=P, n=n_moe, ep=ep, rows=rows))
         else:
             t.update(_mlp(shape, P=P, n=n, f=f))
         if p_resid > 0:
@@ -179,9 +182,12 @@ def _check(shape, seq: int, *, dtype, attention, impl, kernels, recompute, dropo
            position_ids):
     """Refuse what is not modelled (ConfigError); returns (sp as it applies, the attention kernel, the dropout rates
     (attention, residual, embedding))."""
-    if shape.is_moe and tp > 1:
-        raise ConfigError("a mixture-of-experts model under tensor parallelism is not modelled (the trainer does not "
-                          "split its sparse MLP either; use ep)")
+    if shape.is_moe and tp > 1 and sp:
+        raise ConfigError("sequence parallelism with a mixture-of-experts model is not modelled (the trainer's TP "
+                          "splits the sparse block's tokens itself; drop sp)")
+    if shape.is_moe and seq // cp % tp:
+        raise ConfigError(f"tp ({tp}) splits a mixture-of-experts block's tokens: seq/cp ({seq // cp}) must be "
+                          "divisible by it")
     choice("dtype", dtype, DTYPE_BYTES)
     choice("attention", attention, ATTENTION)
     choice("impl", impl, IMPLS)

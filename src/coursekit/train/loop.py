@@ -110,8 +110,9 @@ class _Loop:
             print("step " + json.dumps(dict(rec, steps=t.steps)), flush=True)
 
     def _experts(self, strategy) -> dict:
-        """This step's expert load: this rank's router counts per layer, their sum over the loss ranks (the whole
-        batch), its imbalance, the choices a capacity dropped and the router's auxiliary loss."""
+        """This step's expert load: this rank's router counts per layer, their sum over the loss ranks and the TP
+        ranks, which split each sparse block's tokens (the whole batch), its imbalance, the choices a capacity
+        dropped and the router's auxiliary loss."""
         import torch
         import torch.distributed as dist
 
@@ -120,8 +121,9 @@ class _Loop:
         mine = self.load.take()
         total = torch.tensor(mine, dtype=torch.long, device=self.info.device)
         ctx = self.run.ctx
-        if ctx.dims.size("loss") > 1:
-            dist.all_reduce(total, group=ctx.mesh["loss"].get_group())
+        for group in ("loss", "tp"):  # a sum over loss x tp, one axis group after the other
+            if ctx.dims.size(group) > 1:
+                dist.all_reduce(total, group=ctx.mesh[group].get_group())
         glob = total.tolist()
         dropped = []
         for m in strategy.model.modules():
