@@ -206,8 +206,9 @@ def test_zero3_steps_one_sub_group_of_fp32_gradients_at_a_time(runs, no_orphans)
     gradients exist (``_prepare_sub_group`` .. ``_release_sub_group``), and keeps each category's maximum: the peak
     over the step. On every rank it equals `coursekit memory --sub-group-size` (the largest sub-group) and is below
     the whole partition's (the formula before); the rest of what DeepSpeed holds equals its layout, the losses DDP's.
-    Not in the parametrized tests: the trainer's per-tier split keeps the last sub-group's snapshot (its
-    ``_max_merge`` merges the top-level counts only) and the gradient norm is all-reduced once per sub-group."""
+    Where each category is kept (per tier) is also each category's maximum over the sub-groups (``_max_merge``
+    merges the nested tiers too; it used to keep the last sub-group's split). Not in the parametrized tests: the
+    gradient norm is all-reduced once per sub-group."""
     stage, n, dtype, m, cfg = RUNS["zero3-subgroups-2-fp32"]
     numels = param_numels("tiny-llama")
     all_at_once = 4 * sum(layout.zero3_partitions(numels, n))
@@ -223,6 +224,7 @@ def test_zero3_steps_one_sub_group_of_fp32_gradients_at_a_time(runs, no_orphans)
         assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}, f"rank {rank}"
         want = layout.deepspeed_bytes(numels, stage=3, world=n, rank=rank, micro_batches=m, sub_group_size=20_000)
         assert {k: f[v] for k, v in FIELDS.items()} == {k: want[k] for k in FIELDS}, f"rank {rank}"
+        assert f["tiers"] == want["tiers"], f"rank {rank}: where DeepSpeed keeps each category, at its peak"
         assert _losses(rec) == pytest.approx(_losses(ddp), abs=LOSS_ATOL)  # sub-groups change memory, not results
 
 
