@@ -294,28 +294,35 @@ def test_ideal_with_measured_stage_costs_replays_the_schedule_with_them():
 def test_uneven_formula_worked_by_hand():
     from coursekit.pp.bubble import theory_uneven
 
-    cost, want = _heavy_last_stage()
-    m = 2
+    # 2 stages, m 2; CPU seconds per chunk: stage 0 F 2, B 2; stage 1 F 1, B 4 (the heaviest forward and the
+    # heaviest backward on different stages, so the two spans differ); each chunk's wall time is 1 s longer
+    cost, m = {(0, "F"): 2.0, (0, "B"): 2.0, (1, "F"): 1.0, (1, "B"): 4.0}, 2
 
-    def tl(stage):  # each chunk (stage, kind, mb, start, end, cpu): wall 10x the CPU seconds (a busy machine)
+    def tl(stage):  # (stage, kind, mb, start, end, cpu)
         out, t = [], 0.0
         for kind in "FB":
             for mb in range(m):
                 d = cost[(stage, kind)]
-                out.append((stage, kind, mb, t, t + 10 * d, d))
-                t += 10 * d
+                out.append((stage, kind, mb, t, t + d + 1, d))
+                t += d + 1
         return out
 
+    tls = [tl(0), tl(1)]
     # GPipe: span = Σf + (m−1)·max f + Σb + (m−1)·max b = 3 + 2 + 6 + 4 = 15; stage s: 1 − m·(f_s + b_s)/15
-    assert theory_uneven([tl(0), tl(1)], None, m, "gpipe") == pytest.approx(want)
-    # 1F1B-style: span = Σ(f + b) + (m−1)·max(f + b) = 9 + 6 = 15 too here
-    assert theory_uneven([tl(0), tl(1)], None, m, "1f1b") == pytest.approx(want)
-    # the wall clock (10x) scales every term alike: the same shares
-    assert theory_uneven([tl(0), tl(1)], None, m, "gpipe", clock="wall") == pytest.approx(want)
-    # the last stage's loss, 1 s per micro-batch (as events), joins its forward: f_1 = 2 + 1 = 3, so the GPipe span
-    # is Σf 4 + max f 3 + Σb 6 + max b 4 = 17; stage 0: 1 − 2·3/17, stage 1: 1 − 2·(3 + 4)/17
+    assert theory_uneven(tls, None, m, "gpipe") == pytest.approx([1 - 8 / 15, 1 - 10 / 15])
+    assert theory_uneven(tls, None, m) == pytest.approx([1 - 8 / 15, 1 - 10 / 15])  # GPipe and CPU by default
+    # 1F1B-style: span = Σ(f + b) + (m−1)·max(f + b) = 9 + 5 = 14
+    assert theory_uneven(tls, None, m, "1f1b") == pytest.approx([1 - 8 / 14, 1 - 10 / 14])
+    # wall clock: F 3, B 3 and F 2, B 5: span 5 + 3 + 8 + 5 = 21; 1 − 2·6/21 and 1 − 2·7/21
+    assert theory_uneven(tls, None, m, "gpipe", clock="wall") == pytest.approx([1 - 12 / 21, 1 - 14 / 21])
+    # the last stage's loss, 1 s per micro-batch (as events), joins its forward: f_1 = 1 + 1 = 2, so the GPipe span
+    # is Σf 4 + max f 2 + Σb 6 + max b 4 = 16; stage 0: 1 − 2·4/16, stage 1: 1 − 2·(2 + 4)/16
     loss = [[], [(1, "L", mb, 0.0, 10.0, 1.0) for mb in range(m)]]
-    assert theory_uneven([tl(0), tl(1)], loss, m, "gpipe") == pytest.approx([1 - 6 / 17, 1 - 14 / 17])
+    assert theory_uneven(tls, loss, m, "gpipe") == pytest.approx([0.5, 0.25])
+    # a stage with forwards only in the timelines (its backwards not recorded): b = 0 for it, not an error
+    fwd_only = [[c for c in tls[0]], [c for c in tls[1] if c[1] == "F"]]
+    # b_1 = 0, so Σb = max b = b_0 = 2: span 3 + 2 + 2 + 2 = 9; stage 0: 1 − 2·4/9, stage 1: 1 − 2·1/9
+    assert theory_uneven(fwd_only, None, m, "gpipe") == pytest.approx([1 - 8 / 9, 1 - 2 / 9])
 
 
 def test_replay_counts_the_loss_waits_for_dependencies_and_refuses_an_impossible_order():
@@ -346,11 +353,12 @@ def test_replay_counts_the_loss_waits_for_dependencies_and_refuses_an_impossible
 def test_breakdown_splits_each_ranks_span_into_compute_waits_and_the_rest():
     from coursekit.pp.bubble import breakdown, measured
 
-    # span [0, 10] over both ranks; rank 0 computes 1 + 3 = 4 s (CPU 2 s: stretched 2x), waits 2 s of a recv that
-    # began before the span (clipped to [0, 10]); rank 1 computes 4 s plus a 1 s loss (an event, also compute)
-    r0 = [(0, "F", 0, 0.0, 1.0, 0.5), (0, "B", 0, 7.0, 10.0, 1.5)]
-    r1 = [(1, "F", 0, 2.0, 4.0, 2.0), (1, "B", 0, 5.0, 7.0, 2.0)]
-    events = [[(0, "P", 0, -3.0, 2.0)], [(1, "L", 0, 4.0, 5.0, 1.0)]]
+    # span [100, 110] over both ranks; rank 0 computes 1 + 3 = 4 s (CPU 2 s: stretched 2x), waits 2 s of a recv that
+    # began before the span (clipped to [100, 110]) and none of one after it; rank 1 computes 4 s plus a 1 s loss
+    # (an event, also compute)
+    r0 = [(0, "F", 0, 100.0, 101.0, 0.5), (0, "B", 0, 107.0, 110.0, 1.5)]
+    r1 = [(1, "F", 0, 102.0, 104.0, 2.0), (1, "B", 0, 105.0, 107.0, 2.0)]
+    events = [[(0, "P", 0, 97.0, 102.0), (0, "P", 1, 120.0, 121.0)], [(1, "L", 0, 104.0, 105.0, 1.0)]]
     b0, b1 = breakdown([r0, r1], events)
     assert b0 == pytest.approx({"span": 10, "compute": 4, "p2p_wait": 2, "other": 4, "bubble": 0.6, "stretch": 2})
     assert b1 == pytest.approx({"span": 10, "compute": 5, "p2p_wait": 0, "other": 5, "bubble": 0.5, "stretch": 1})
