@@ -32,6 +32,10 @@ MODULES = {
     "memory.states": ["tests/test_memory_states.py", "tests/test_memory_engines.py"],
     "memory.pp_order": ["tests/test_pp_models.py"],  # its torch reference test too (orders cached: it clears them)
     "plan.steptime": ["tests/test_plan.py", "-m", "not slow"],
+    "pp.bubble": ["tests/test_pp_models.py", "tests/test_pp.py::test_bubble_theory",  # pure Python, no torch
+                  "tests/test_pp.py::test_each_schedules_order_with_equal_stages_replays_its_bubble",
+                  "tests/test_pp.py::test_replay_of_an_even_gpipe_timeline_is_the_theory",
+                  "tests/test_pp.py::test_uneven_stage_formula_is_what_the_schedule_replays"],
 }
 _COUNTS = re.compile(r"(\d+)/(\d+)\s+🎉 (\d+) 🫥 (\d+)\s+⏰ (\d+)\s+🤔 (\d+)\s+🙁 (\d+)\s+🔇 (\d+)")
 
