@@ -268,3 +268,27 @@ def test_a_failed_job_shows_the_students_frames_first(tmp_path, monkeypatch, no_
     assert mine < rest.index('stud_ring.py", line 2, in ring') < rest.index("The whole traceback") < \
         rest.index("drivers.py")
     assert e.value.traceback.lstrip().startswith(f'File "{tmp_path / "stud_ring.py"}", line 2, in ring')
+
+
+def test_a_failed_hidden_test_says_what_failed_without_its_inputs():
+    """Lab 1's hidden ring test fails for a wrong ring (as its own message and a failed job's command line would
+    put it): the feedback page says which property failed (wrong sums, 3 ranks) but none of the values the hidden
+    test chose (tensor sizes 1001 and 3000, shown nowhere else in the lab), in the test cell or in the notes."""
+    from coursekit.course.feedback import hidden_literals, render
+
+    repo = Path(__file__).resolve().parents[1]
+    course = Course(repo)
+    lab = read_lab(course, "lab1_memory")
+    values = hidden_literals(lab)
+    assert {"1001", "3000"} <= values and "2" not in values  # a short number is no secret: it is everywhere
+    assert not any("wrong sum for a tensor of" in v for v in values)  # assertion messages are not values
+    failed = {"grade_id": "ring_all_reduce_hidden", "exercise": "ring_all_reduce", "passed": False, "points": 0,
+              "max_points": 2, "line": "",
+              "message": "AssertionError: 3 ranks: wrong sum for a tensor of 1001 elements\nthe job failed on rank 2: "
+                         "python -m coursekit.course.drivers all_reduce '{\"sizes\": [1001, 2, 3000]}'"}
+    recheck = {"tests": [failed], "notes": ["ring_all_reduce_hidden: 3000-element case took 2.0 s"]}
+    row = {"lab": "lab1_memory", "student": "eve", "score": 0, "max_score": lab.max_points}
+    page = render(row, lab, recheck, str(course.release_path("lab1_memory")))
+    assert "3 ranks: wrong sum for a tensor of … elements" in page  # the property, without the input
+    assert "1001" not in page and "3000" not in page
+    assert "failed: 0 / 2 points" in page

@@ -20,7 +20,7 @@ import pytest
 from coursekit.course.authoring import HIDDEN_BEGIN, HIDDEN_END, SOLUTION_BEGIN, SOLUTION_END, drift, read_lab
 from coursekit.course.authoring import write_notebook
 from coursekit.course.config import Course
-from coursekit.course.feedback import hidden_lines, secret_lines
+from coursekit.course.feedback import hidden_lines, hidden_literals, secret_lines
 from coursekit.course.grading import grade
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,11 +143,23 @@ def test_partial_submission_scores_strictly_between(batches, name, tier):
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("name,tier", CASES)
 def test_feedback_hides_hidden_tests(batches, name, tier):
+    """No hidden-test source line and no value written in a hidden test (its inputs, its expected values: numbers
+    of 3+ digits and strings that are not assertion messages, shown nowhere else in the lab) on any feedback page,
+    in the page's text (its style sheets and scripts aside), while every failed test still says it failed."""
+    import re
+
     _, out, _ = batches(tier)
-    secret = hidden_lines(read_lab(COURSE, name))
+    lab = read_lab(COURSE, name)
+    secret, values = hidden_lines(lab), hidden_literals(lab)
+    assert values, "every lab's hidden tests use values of their own"
     for student in ("solution", "release", "partial"):
         page = (out / "feedback" / student / f"{name}.html").read_text()
         assert not [s for s in secret if s in page], f"hidden test source in {student}'s feedback"
+        text = html.unescape(re.sub(r"<(style|script)\b.*?</\1>|<[^>]+>", " ", page, flags=re.S))
+        shown = [v for v in values if re.search(rf"(?<![\w.]){re.escape(v)}(?![\w.])", text)]
+        assert not shown, f"values of hidden tests in {student}'s feedback: {shown}"
+        if student == "release":
+            assert "failed: 0 /" in text
 
 
 EXECUTED = [pytest.param(n, "default", id=f"{n}-nbgrader") for n in FAST]

@@ -7,11 +7,17 @@
   instructions, the student's own answers) is shown as it is;
 - an output that reproduces hidden-test source (a student can print ``In`` during autograde) is removed: one that
   contains at least two distinct hidden-test lines (or the only one, for a lab with a one-line secret), so a
-  student's output that happens to share one line with a hidden test (``recompute="full")``) stays.
+  student's output that happens to share one line with a hidden test (``recompute="full")``) stays;
+- a failed test's message says which property failed but not with what: every value written in the lab's hidden
+  tests that the lab shows nowhere else (their inputs and expected values: numbers of three or more digits, strings
+  other than the assertion messages) is replaced by ``…`` there and in the page's notes (a hidden test's message
+  ``wrong sum for a tensor of {_size} elements``, or a failed job's command line, would print them).
 """
 from __future__ import annotations
 
+import ast
 import html
+import re
 import threading
 
 import nbformat
@@ -68,6 +74,57 @@ def hidden_lines(lab: Lab) -> set[str]:
     return secret_lines(lab)
 
 
+_NUMBER = re.compile(r"\d[\d_]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _region_literals(code: str) -> set[str]:
+    """Numbers (3+ digits) and strings written in ``code``, the strings of assertion messages and raised errors
+    excepted (they name the property); a region that does not parse gives its numbers only."""
+    nums = {m.group() for m in _NUMBER.finditer(code) if sum(ch.isdigit() for ch in m.group()) >= 3}
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return nums
+    messages = {id(n) for node in ast.walk(tree) if isinstance(node, (ast.Assert, ast.Raise))
+                for part in (node.msg if isinstance(node, ast.Assert) else node.exc,) if part is not None
+                for n in ast.walk(part)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in messages:
+            if len(node.value.strip()) >= 4:
+                nums.add(node.value)
+            nums |= {m.group() for m in _NUMBER.finditer(node.value) if sum(c.isdigit() for c in m.group()) >= 3}
+    return nums
+
+
+def hidden_literals(lab: Lab) -> set[str]:
+    """Values written in the lab's hidden tests that appear in no other text of the lab (instructions, visible
+    tests, solutions): what a failure message must not show."""
+    hidden, visible = [], []
+    for c in lab.cells:
+        inside, outside = [], []
+        flag = False
+        for ln in c.source.split("\n"):
+            if HIDDEN_BEGIN in ln:
+                flag = True
+            elif HIDDEN_END in ln:
+                flag = False
+            else:
+                (inside if flag else outside).append(ln)
+        if inside:
+            hidden.append("\n".join(inside))
+        visible.append("\n".join(outside))
+    text = "\n".join(visible)
+    found = set().union(*(_region_literals(h) for h in hidden)) if hidden else set()
+    return {v for v in found if not re.search(rf"(?<![\w.]){re.escape(v)}(?![\w.])", text)}
+
+
+def redact(text: str, literals: set[str]) -> str:
+    """``text`` with every hidden literal (as a whole token) replaced by an ellipsis."""
+    for v in sorted(literals, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w.]){re.escape(v)}(?![\w.])", "…", text)
+    return text
+
+
 def _output_text(out) -> str:
     parts = [out.get("text", ""), out.get("ename", ""), out.get("evalue", ""), *out.get("traceback", [])]
     for v in (out.get("data") or {}).values():
@@ -93,7 +150,7 @@ def leaks(text: str, secret: set[str]) -> bool:
 def sanitise(nb, lab: Lab, tests: dict[str, dict]) -> nbformat.NotebookNode:
     """Hidden test source out of every cell and output; test cell outputs replaced by the re-check's results."""
     nb = nbformat.from_dict(nb)
-    secret = hidden_lines(lab)
+    secret, values = hidden_lines(lab), hidden_literals(lab)
     test_cells = {c.grade_id: c for c in lab.cells if c.kind == "test"}
     for cell in nb.cells:
         gid = (cell.get("metadata", {}).get("nbgrader", {}) or {}).get("grade_id")
@@ -112,14 +169,14 @@ def sanitise(nb, lab: Lab, tests: dict[str, dict]) -> nbformat.NotebookNode:
             else:
                 where = f"\nfailing line: {t['line']}" if t.get("line") else ""
                 text = f"failed: 0 / {t['max_points']:g} points (independent re-check)\n{t['message']}{where}"
-            cell.outputs = [_stream(text + "\n")]
+            cell.outputs = [_stream(redact(text, values) + "\n")]
             continue
         cell.outputs = [o if not leaks(_output_text(o), secret)
                         else _stream("[output removed: it contained hidden test source]\n") for o in cell.outputs]
     return nb
 
 
-def summary_markdown(row: dict, recheck: dict | None) -> str:
+def summary_markdown(row: dict, recheck: dict | None, lab: Lab | None = None) -> str:
     lines = [f"# Feedback: {row['lab']} — {row['student']}", "",
              f"**Score: {row['score']:g} / {row['max_score']:g}** (independent re-check of every test, visible and "
              "hidden, against your functions run in a separate process; this is your grade)."]
@@ -137,7 +194,8 @@ def summary_markdown(row: dict, recheck: dict | None) -> str:
         lines += [f"| {name} | {p:g} / {m:g} |" for name, (p, m) in per.items()]
         if recheck.get("notes"):
             lines += ["", "Notes:"] + [f"- {html.escape(n)}" for n in recheck["notes"]]
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    return redact(text, hidden_literals(lab)) if lab is not None else text
 
 
 def render(row: dict, lab: Lab, recheck: dict | None, notebook_path: str | None) -> str:
@@ -153,7 +211,7 @@ def render(row: dict, lab: Lab, recheck: dict | None, notebook_path: str | None)
             nb = None
     if nb is None:
         nb = nbformat.v4.new_notebook()
-    nb.cells.insert(0, nbformat.v4.new_markdown_cell(summary_markdown(row, recheck)))
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(summary_markdown(row, recheck, lab)))
     with _RENDER_LOCK:
         body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
     return body
