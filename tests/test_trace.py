@@ -34,6 +34,49 @@ def test_interval_arithmetic_counts_nested_ops_once():
     assert row["idle_ms"] == pytest.approx(0.005)  # 0-20 minus busy 0-15
 
 
+def test_wait_is_the_union_of_waiting_parts_and_never_exceeds_comm():
+    """Rank 0 is in two overlapping all-gathers (0-100 and 50-150 µs, as FSDP2's prefetch issues them) while rank 1
+    needs 40 µs for each: rank 0 waits the first 60 µs of each, [0, 60] and [50, 110], once where they overlap =
+    110 µs (the old per-collective sum said 120); rank 1 waits for no one. Within a window that ends at 80 µs only
+    what lies inside it counts (80 µs)."""
+    def rank(r, comm, window=(0, 200)):
+        return {"rank": r, "steps": [{"step": 1, "_comm": comm, "_window": window}]}
+
+    ranks = [rank(0, [("gloo:all_gather", 100.0, 0.0), ("gloo:all_gather", 100.0, 50.0)]),
+             rank(1, [("gloo:all_gather", 40.0, 30.0), ("gloo:all_gather", 40.0, 100.0)])]
+    T.waits(ranks)
+    assert ranks[0]["steps"][0]["wait_ms"] == pytest.approx(0.110)
+    assert ranks[1]["steps"][0]["wait_ms"] == 0
+    comm0 = T.length(T.union([(0.0, 100.0), (50.0, 150.0)])) * 1e-3
+    assert ranks[0]["steps"][0]["wait_ms"] <= comm0
+    short = [rank(0, ranks[0]["steps"][0]["_comm"], (0, 80)), rank(1, ranks[1]["steps"][0]["_comm"], (0, 80))]
+    T.waits(short)
+    assert short[0]["steps"][0]["wait_ms"] == pytest.approx(0.080)
+    mismatched = [rank(0, [("gloo:all_gather", 100.0, 0.0)]), rank(1, [("gloo:all_reduce", 40.0, 0.0)])]
+    T.waits(mismatched)  # not the same collective: not compared
+    assert [r["steps"][0]["wait_ms"] for r in mismatched] == [0, 0]
+
+
+def test_trace_table_fits_its_width_and_wraps_between_op_names():
+    """Every line of the table within 96 characters; the top ops under their row, wrapped between ops (each name
+    whole on one line); the columns defined in a legend; wait <= comm on every row it prints."""
+    long_ops = [["aten::_scaled_dot_product_flash_attention_for_cpu_backward", 12.5],
+                ["aten::_scaled_dot_product_flash_attention_for_cpu", 7.25], ["aten::mm", 3.0]]
+    row = {"step": 3, "time_ms": 120.0, "compute_ms": 80.0, "comm_ms": 30.0, "hidden_ms": 10.0, "exposed_ms": 20.0,
+           "overlap_pct": 33.3, "idle_ms": 20.0, "wait_ms": 5.0, "top_ops": long_ops}
+    total = {k: v for k, v in row.items() if k not in ("step", "top_ops")}
+    res = {"ranks": [{"rank": 0, "steps": [row], "total": total}], "straggler": None,
+           "straggler_reason": "no rank waits more than 3 x the median absolute deviation of its steps' gaps "
+                               "(the run's own noise) beyond 1.0 ms"}
+    out = T.table(res)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 96, max(lines, key=len)
+    for name, _ in long_ops:
+        assert any(name in ln for ln in lines), name  # never cut
+    assert "wait: the part of comm spent waiting for slower ranks (<= comm)" in " ".join(lines)
+    assert lines[1].split()[:2] == ["0", "3"] and "top ops (self ms):" in lines[2]
+
+
 def test_self_times_subtract_direct_children():
     st = T.self_times([ev("aten::linear", 0, 10), ev("aten::mm", 2, 6), ev("aten::t", 3, 1), ev("aten::add", 12, 2)])
     assert st == {"aten::linear": 4, "aten::mm": 5, "aten::t": 1, "aten::add": 2}

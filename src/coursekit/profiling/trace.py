@@ -24,8 +24,10 @@ Idle on CPU is the main thread doing neither: Python glue, the optimizer's loop 
 collective already counted as communication on gloo's thread is *not* idle.
 
 Waiting for peers (stragglers): a collective ends at about the same moment on every rank, so the rank that arrives
-last spends the least time in it. For the k-th collective of a step, ``wait = its time on this rank - the shortest
-time on any rank``; summed per step this is the time a rank spent waiting for slower ranks. The rank that waits
+last spends the least time in it. For the k-th collective of a step, its wait on this rank is its time there minus
+the shortest time on any rank, taken as the collective's first part (the rank is in, its peers are not yet); a
+step's ``wait`` is the union of those parts, so collectives that overlap (FSDP2's prefetched gathers) are not
+counted twice and wait <= comm <= time: the part of the step's communication spent waiting for slower ranks. The rank that waits
 least while the others wait a lot is the straggler; the others' wait is its estimated slowdown. No clock is
 compared across ranks, so this holds across hosts too.
 """
@@ -170,8 +172,9 @@ def analyse_rank(tr, top: int = 5) -> dict:
             for k, v in self_times(evs).items():
                 st[k] += v
         row["top_ops"] = [[k, round(v * 1e-3, 3)] for k, v in sorted(st.items(), key=lambda kv: -kv[1])[:top]]
-        row["_comm"] = [(e["name"], float(e["dur"])) for e in sorted(comm, key=lambda e: float(e["ts"]))
+        row["_comm"] = [(e["name"], float(e["dur"]), float(e["ts"])) for e in sorted(comm, key=lambda e: float(e["ts"]))
                         if float(e["ts"]) >= win[0]]  # for waits: the collectives that started in this step
+        row["_window"] = win
         steps.append(row)
     return {"rank": tr["rank"], "file": tr["path"], "device": "gpu" if tr["gpu"] else "cpu", "steps": steps}
 
@@ -195,12 +198,16 @@ def waits(ranks) -> None:
         lists = [s["_comm"] for s in rows.values()]
         if len(rows) < 2 or len({len(c) for c in lists}) != 1:  # not the same collectives everywhere: no match
             continue
+        parts = {id(s): [] for s in rows.values()}
         for k in range(len(lists[0])):
             if len({c[k][0] for c in lists}) != 1:
                 continue
             fastest = min(c[k][1] for c in lists)
             for s in rows.values():
-                s["wait_ms"] += (s["_comm"][k][1] - fastest) * 1e-3
+                _, dur, start = s["_comm"][k]
+                parts[id(s)].append((start, start + dur - fastest))
+        for s in rows.values():  # the waiting parts of overlapping collectives once, inside the step's window
+            s["wait_ms"] = length(union(clip(parts[id(s)], *s["_window"]))) * 1e-3
 
 
 def straggler_test(ranks, min_ms: float = 1.0) -> dict | None:
@@ -234,26 +241,42 @@ def analyse(folder, top: int = 5) -> dict:
     for r in ranks:
         for s in r["steps"]:
             s.pop("_comm")
+            s.pop("_window")
         r["total"] = _total(r["steps"])
     test = straggler_test(ranks)
     return {"folder": str(folder), "ranks": ranks, "straggler": straggler(ranks),
             "straggler_reason": test["reason"] if test else "one rank: nobody to wait for"}
 
 
-def table(res) -> str:
+LEGEND = ("time: the step's span on the training thread; compute, comm: the union of its compute and communication "
+          "intervals; hidden: comm under compute; exposed = comm - hidden; overlap % = hidden / comm; idle: neither; "
+          "wait: the part of comm spent waiting for slower ranks (<= comm). All in ms.")
+
+
+def table(res, width: int = 96) -> str:
+    """The per-rank, per-step table, ``width`` characters at most a line: the numbers on one line, the step's top
+    ops under it (wrapped between ops, never inside a name), a legend of the columns at the end."""
+    import textwrap
+
     cols = ("time_ms", "compute_ms", "comm_ms", "hidden_ms", "exposed_ms", "overlap_pct", "idle_ms", "wait_ms")
     head = f"{'rank':>4} {'step':>5} " + " ".join(f"{c.replace('_pct', ' %').replace('_ms', ''):>9}" for c in cols)
-    lines = [head + "  top ops (self ms)"]
+    lines = [head]
 
     def fmt(v):
         return f"{'-':>9}" if v is None else f"{v:9.2f}"
 
     for r in res["ranks"]:
         for s in r["steps"] + [dict(r["total"], step="all", top_ops=[])]:
-            ops = ", ".join(f"{k} {v:.2f}" for k, v in s["top_ops"][:3])
-            lines.append(f"{r['rank']:>4} {s['step']:>5} " + " ".join(fmt(s.get(c)) for c in cols) + "  " + ops)
+            lines.append(f"{r['rank']:>4} {s['step']:>5} " + " ".join(fmt(s.get(c)) for c in cols))
+            if s["top_ops"]:
+                ops = "top ops (self ms): " + "  ".join(f"{k}\u00a0{v:.2f}" for k, v in s["top_ops"][:3])
+                lines += [ln.replace("\u00a0", " ") for ln in textwrap.wrap(
+                    ops, width, initial_indent=" " * 11, subsequent_indent=" " * 13, break_long_words=False,
+                    break_on_hyphens=False)]
     g = res["straggler"]
-    lines.append(f"straggler: rank {g['rank']} (the others wait {g['slowdown_ms_per_step']:.1f} ms per step for it, "
-                 f"over the {g['threshold_ms']:.1f} ms threshold)" if g else
-                 f"straggler: none ({res.get('straggler_reason', 'no rank waits more than the threshold')})")
+    verdict = (f"straggler: rank {g['rank']} (the others wait {g['slowdown_ms_per_step']:.1f} ms per step for it, "
+               f"over the {g['threshold_ms']:.1f} ms threshold)" if g else
+               f"straggler: none ({res.get('straggler_reason', 'no rank waits more than the threshold')})")
+    lines += textwrap.wrap(verdict, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    lines += textwrap.wrap(LEGEND, width, break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines)
