@@ -295,6 +295,11 @@ def _loss(batch: int, s: int, v_loc: int) -> dict[str, int]:
             "loss.labels(int64)": 8 * (s + 1) if batch == 1 else 8 * batch * s, "loss.total_weight": 4}
 
 
+# the philox seed and offset a CUDA kernel returns for its backward (torch's meta registrations of the kernels):
+# flash a (2,) uint64 RNG state and a () uint64 offset, memory-efficient two int64 scalars
+_RNG_STATE = {"flash": 24, "efficient": 16}
+
+
 def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, mask, p_attn, cuda,
                ulysses=0) -> dict[str, int]:
     """The attention block between the norm output and o_proj's saved input (``ulysses``: its degree C, or 0)."""
@@ -308,7 +313,7 @@ def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, 
              "attn.out_heads(ulysses)": P * n * a * d,  # SDPA's output, before the all-to-all back
              "attn.core_out(o_proj_input)": P * n * a * d}
         if cuda and p_attn > 0:
-            t["attn.rng_state"] = 16
+            t["attn.rng_state"] = _RNG_STATE[kernel]
         return t
     fused_qkv = shape.arch == "gpt2"  # q, k, v are views of one c_attn output
     # Tensors entering the attention core as the model hands them over:
@@ -324,7 +329,7 @@ def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, 
         rows = s if kernel == "flash" else -(-s // 32) * 32  # mem-efficient pads log-sum-exp rows to 32
         t["attn.logsumexp_fp32"] = 4 * batch * a * rows
         if cuda and p_attn > 0:
-            t["attn.rng_state"] = 16  # philox seed + offset
+            t["attn.rng_state"] = _RNG_STATE[kernel]  # philox seed + offset
     elif kernel == "eager":
         # matmul copies q and kᵀ (K repeated to all heads for GQA) into contiguous (b·a, s, d) operands
         # (b·a, s, d) operands: the repeat for GQA (1 < k < a) copies; with one KV head (MQA) it is a stride-0 view,
