@@ -85,3 +85,85 @@ def test_fp32_adamw_measured_with_torch():
     held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
     held += sum(v.nbytes for s in opt.state.values() for k, v in s.items() if k != "step")
     assert held == model_state_bytes(psi, precision="fp32", engine="ddp").resident
+
+
+@pytest.mark.parametrize("name,make", [
+    ("adamw", lambda ps: __import__("torch").optim.AdamW(ps)),
+    ("adam", lambda ps: __import__("torch").optim.Adam(ps)),
+    ("sgd", lambda ps: __import__("torch").optim.SGD(ps, lr=0.1, momentum=0.9)),
+    ("sgd-nomomentum", lambda ps: __import__("torch").optim.SGD(ps, lr=0.1)),
+])
+def test_optimizer_states_and_step_counters_measured_with_torch(name, make):
+    """Each optimizer's states as torch holds them after one step, every tensor counted (``step`` included): Adam and
+    AdamW keep exp_avg and exp_avg_sq (2 x 4 B per fp32 parameter) plus a 0-d fp32 ``step`` per tensor (4 B); SGD
+    with momentum one momentum_buffer (4 B, no step); SGD without momentum nothing."""
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.GELU(), torch.nn.Linear(48, 16))  # 4 tensors
+    opt = make(model.parameters())
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    psi = sum(p.numel() for p in model.parameters())
+    held = sum(v.nbytes for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    st = model_state_bytes(psi, precision="fp32", optimizer=name, engine="ddp", param_tensors=4)
+    assert st.optimizer_states == held
+
+
+def test_lion_keeps_one_state_and_no_step_counter():
+    """Lion (Chen et al. 2023) keeps only the momentum: 1 state, 4 B per fp32 parameter; it is not torch's Adam, so no
+    per-tensor step counter is counted even with 10 tensors."""
+    st = model_state_bytes(1000, precision="fp32", optimizer="lion", engine="ddp", param_tensors=10)
+    assert st.optimizer_states == 4 * 1000
+
+
+@pytest.mark.parametrize("precision,label", [("16psi", "16Ψ:"), ("18psi", "18Ψ:"), ("20psi", "20Ψ:"),
+                                             ("fp32", "fp32:")])
+def test_each_convention_is_described_by_its_own_bytes(precision, label):
+    """The text an estimate carries names its convention's bytes per parameter (the module's table): a swapped or
+    garbled description would mislabel every estimate."""
+    from coursekit.memory.states import PRECISION_TEXT
+    assert model_state_bytes(1e6, precision=precision, engine="ddp").convention.startswith(label)
+    assert PRECISION_TEXT[precision].startswith(label)
+    assert ("master" in PRECISION_TEXT[precision]) and ("optimizer states" in PRECISION_TEXT[precision])
+
+
+@pytest.mark.parametrize("kw,needles", [
+    ({"precision": "17psi"}, ["unknown precision '17psi'", "16psi"]),  # the field, the bad value, what is allowed
+    ({"optimizer": "rmsprop"}, ["unknown optimizer 'rmsprop'", "adamw"]),
+    ({"offload": "disk"}, ["unknown offload 'disk'", "nvme"]),
+    ({"offload_params": "tape", "zero": 3}, ["unknown offload_params 'tape'", "nvme"]),
+    ({"zero": 4}, ["zero stage", "0, 1, 2 or 3", "got 4"]),
+    ({"zero": -1}, ["zero stage", "got -1"]),
+])
+def test_unknown_choices_are_refused_naming_the_bad_value(kw, needles):
+    from coursekit.memory.errors import ConfigError
+    with pytest.raises(ConfigError) as e:
+        model_state_bytes(1e9, **kw)
+    for needle in needles:
+        assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("zero,offload", [(0, "none"), (1, "none"), (2, "cpu"), (3, "nvme")])
+def test_every_zero_stage_and_offload_target_is_accepted(zero, offload):
+    """DeepSpeed's stages 0-3 and the targets none / cpu / nvme are all valid choices (a typo in a table refuses one)."""
+    assert model_state_bytes(1e9, zero=zero, shard=2, offload=offload if zero else "none").parameters > 0
+
+
+@pytest.mark.parametrize("d0,n", [(10, 4), (10, 3), (2, 4), (5, 4), (12, 4), (1, 1), (7, 8), (0, 3)])
+def test_local_rows_are_torch_chunks_split(d0, n):
+    """FSDP2 shards dim 0 as torch.chunk does: ceil(d0/n) rows per rank, the last ranks short or empty (torch.chunk
+    then returns fewer chunks: the missing ranks hold 0 rows)."""
+    import torch
+    from coursekit.memory.states import local_rows
+    sizes = [len(c) for c in torch.chunk(torch.arange(d0), n)] if d0 else []
+    sizes += [0] * (n - len(sizes))
+    assert [local_rows(d0, n, r) for r in range(n)] == sizes
+
+
+def test_replicated_engines_hold_no_offload_buffer_and_resident_sums_categories():
+    """DDP offloads nothing: no ZeRO-Offload gradient buffer. ``resident`` is the five GPU categories added (20Ψ:
+    2 + 2 + 4 + 8 + 4 B per parameter), the step-only copies and the CPU bytes excluded."""
+    st = model_state_bytes(1000, precision="20psi", engine="ddp")
+    assert st.offload_buffers == 0 and st.cpu == 0 and st.nvme == 0
+    assert (st.parameters, st.gradients, st.master_weights, st.optimizer_states, st.grad_copy) == \
+        (2000, 2000, 4000, 8000, 4000)
+    assert st.resident == 20 * 1000
