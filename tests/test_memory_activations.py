@@ -20,6 +20,15 @@ from coursekit.memory import ModelShape, activation_bytes, preset, to_hf_config_
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+@pytest.fixture(autouse=True)
+def _fresh_reports():
+    """``activation_bytes`` is cached per process (grids and solvers repeat the same shapes): start each test with an
+    empty cache, so that it checks what the code computes now, not a report an earlier test (or run) left there."""
+    from coursekit.memory.activations import activation_bytes as cached
+    cached.cache_clear()
+    yield
+
+
 def build(shape: ModelShape, attention: str, dtype: str, device: str = "cpu"):
     d = to_hf_config_dict(shape)
     cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
