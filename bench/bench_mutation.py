@@ -30,6 +30,10 @@ MODULES = {
     "spec.dims": ["tests/test_parallel_dims.py"],
     "spec.runspec": ["tests/test_runspec.py", "tests/test_run_vocabulary.py"],
     "memory.states": ["tests/test_memory_states.py", "tests/test_memory_engines.py"],
+    # its measured grids (torch, CPU and meta device) and the CUDA kernels' meta registrations; not the launch test
+    "memory.activations": ["tests/test_memory_activations.py", "tests/test_memory_cuda_kernels.py", "--deselect",
+                           "tests/test_memory_activations.py::"
+                           "test_saved_bytes_per_cp_rank_equal_coursekit_memory_cp_impl"],
     "memory.pp_order": ["tests/test_pp_models.py"],  # its torch reference test too (orders cached: it clears them)
     "plan.steptime": ["tests/test_plan.py", "-m", "not slow"],
     "pp.bubble": ["tests/test_pp_models.py", "tests/test_pp.py::test_bubble_theory",  # pure Python, no torch
