@@ -1,0 +1,325 @@
+"""The step-time model (``coursekit.plan.steptime``) worked out by hand on a toy machine and a toy model. Pure Python.
+
+The toy GPU has round figures, so each term of the model's stated rules (the module's docstring) can be computed on
+paper: 1 TFLOP/s bf16 (0.5 fp32), every GEMM at the full peak (gemm_fraction 1, no small-GEMM curve: half-dim 0),
+flash attention at half the peak, 1 TB/s of usable HBM (hbm_bw · HBM_FRACTION), no kernel floor; every collective
+inside the node measured at alpha 10 us and bus bandwidth 1 GB/s (``Hardware.collectives``), so a call costs
+alpha + payload x busbw factor / 1 GB/s, with the factors of 2 ranks: all-reduce 2(n-1)/n = 1, all-gather,
+reduce-scatter and all-to-all (n-1)/n = 1/2.
+
+The toy Llama: 4 layers, h 64, 4 heads of 16, 2 K/V heads, SwiGLU ffn 128, vocab 256 (untied), seq 256, micro-batch 4:
+t = 1024 tokens per micro-batch. Its parameters, by hand: a layer 64 (norm) + 64·64 (q) + 2·64·32 (k, v) + 64·64 (o)
++ 64 (norm) + 2·64·128 (gate, up) + 128·64 (down) = 36,992 in 9 tensors; first stage 256·64 = 16,384 (1 tensor); last
+stage 64 + 256·64 = 16,448 (2 tensors).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from coursekit.flops import flops_per_step
+from coursekit.memory.shapes import ModelShape
+from coursekit.plan.hardware import Hardware, Network
+from coursekit.plan.layout import Layout
+from coursekit.plan.steptime import Cluster, _layer_time, gemm_time, predict
+
+ALPHA, BW = 10e-6, 1e9
+TOY = Hardware(name="toy", memory_bytes=10**12, peak_flops={"bf16": 1e12, "fp32": 0.5e12}, hbm_bw=1e12 / 0.85,
+               link_bw=1e9, gemm_fraction=1.0, gemm_half_dim=0, attn_fraction=0.5, kernel_floor_s=0.0,
+               collectives={op: (ALPHA, BW) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                       "send")})
+NET = Network(name="toy-net", bw_per_gpu=1e9)
+SHAPE = ModelShape(arch="llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, max_positions=512)
+SEQ, MB = 256, 4
+T = MB * SEQ  # 1024 tokens
+PER_LAYER, FIRST, LAST, TENSORS = 36992, 16384, 16448, 9
+
+# One layer, one micro-batch, tp 1 (all GEMMs compute-bound: e.g. o_proj 2·1024·64·64 FLOP = 8.4 us against
+# 2·(1024·64 + 64·64 + 1024·64) B = 0.27 us of traffic):
+# GEMM K·N: q,k,v 64·(4+2·2)·16 = 8192, o 64·64 = 4096, gate+up 64·256 = 16384, down 128·64 = 8192 -> 36,864
+G = 2 * T * 36864 / 1e12  # forward GEMMs: 75.5 us; the layer runs them 3x (forward + two backward GEMMs)
+A = 4 * MB * 4 * SEQ * SEQ * 16 * 0.5 / (1e12 * 0.5)  # causal flash: 4·b·a·s²·d/2 FLOP at half the peak: 67.1 us
+E = T * (32 * 64 + 8 * 128) * 2 / 1e12  # element-wise: E_H = 32 hidden + E_F = 8 ffn vectors per token, bf16: 6.3 us
+LAYER = 3 * G + A + 2.5 * A + E  # backward attention = 2.5 x forward
+# LM head: 3 x (1024 x 64 @ 64 x 256) = 3 · 33.6 us; the loss reads / writes fp32 logits 6 times: 6·1024·256·4 B
+HEAD = 3 * 2 * T * 64 * 256 / 1e12 + 6 * T * 256 * 4 / 1e12
+STAGE_PARAMS = 4 * PER_LAYER + max(FIRST, LAST)  # the busiest (last) stage: 164,416
+OPT = STAGE_PARAMS * 32 / 1e12  # AdamW: 32 B of HBM traffic per parameter
+
+
+def cluster(gpus, hw=TOY, per_node=8):
+    return Cluster(hw, NET, gpus, min(gpus, per_node))
+
+
+def call(op_factor, payload, calls=1):
+    """``calls`` collectives of ``payload`` bytes on the toy link (2 ranks: the busbw factor given)."""
+    return calls * (ALPHA + payload * op_factor / BW)
+
+
+# -- building blocks ---------------------------------------------------------------------------------------------------
+def test_gemm_time_is_the_largest_of_flops_bytes_and_the_floor():
+    hw = replace(TOY, gemm_half_dim=100)  # e(d) = d / (d + 100): 100 -> 1/2, 200 -> 2/3, 300 -> 3/4
+    # (100 x 200) @ (200 x 300): 2·6e6 FLOP at 1e12 x (1/2 · 2/3 · 3/4 = 1/4): 48 us, 3 of them 144 us
+    assert gemm_time(100, 200, 300, hw, "bf16", 3) == pytest.approx(3 * 48e-6, rel=1e-12)
+    assert gemm_time(100, 200, 300, hw, "fp32") == pytest.approx(96e-6, rel=1e-12)  # fp32: half the peak
+    # memory-bound at 1 MB/s usable: (100·200 + 200·300 + 100·300) = 110,000 elements of 2 B (fp32: 4 B)
+    slow = replace(hw, hbm_bw=1e6 / 0.85)
+    assert gemm_time(100, 200, 300, slow, "bf16") == pytest.approx(0.22, rel=1e-12)
+    assert gemm_time(100, 200, 300, slow, "fp32") == pytest.approx(0.44, rel=1e-12)
+    assert gemm_time(100, 200, 300, replace(hw, kernel_floor_s=1.0), "bf16", 2) == 2.0  # 2 kernels at the floor
+
+
+def _layer(L, t=T, hw=TOY, **kw):
+    """(layer, attention forward, attention backward) of one micro-batch of the toy model, bf16, flash, no SP."""
+    return _layer_time(SHAPE, L, hw, t=t, **(dict(seq=SEQ, act=2, dtype="bf16", attention="flash", sp=False) | kw))
+
+
+def test_one_layer_flash_and_eager_by_hand():
+    layer, a_fwd, a_bwd = _layer(Layout(micro_batch=MB))
+    assert (a_fwd, a_bwd) == (pytest.approx(A, rel=1e-12), pytest.approx(2.5 * A, rel=1e-12))
+    assert layer == pytest.approx(LAYER, rel=1e-12)
+    # eager: 16 (b·a) batched QK^T and ·V GEMMs of (256 x 16) @ (16 x 256), 2·256·16·256 FLOP each = 2.1 us, plus the
+    # s x s scores written / read 12/2 times in the forward: 6·16·256·256·2 B; backward twice the forward
+    e_fwd = 2 * 16 * (2 * 256 * 16 * 256 / 1e12) + 6 * 16 * 256 * 256 * 2 / 1e12
+    layer, a_fwd, a_bwd = _layer(Layout(micro_batch=MB), attention="eager")
+    assert (a_fwd, a_bwd) == (pytest.approx(e_fwd, rel=1e-12), pytest.approx(2 * e_fwd, rel=1e-12))
+    assert layer == pytest.approx(3 * G + 3 * e_fwd + E, rel=1e-12)
+
+
+def test_recompute_reruns_the_forward_it_dropped():
+    full, _, _ = _layer(Layout(micro_batch=MB, recompute="full"))
+    assert full == pytest.approx(LAYER + G + A + E / 3, rel=1e-12)  # GEMMs, attention, the forward third of elem
+    selective, _, _ = _layer(Layout(micro_batch=MB, recompute="selective"))
+    assert selective == pytest.approx(LAYER + A, rel=1e-12)  # the attention core only
+
+
+def test_tensor_parallel_layer_splits_heads_and_ffn_and_sp_the_hidden_vectors():
+    # tp 2: 2 heads, 1 K/V head, ffn 64: K·N = 64·(2+2)·16 + 32·64 + 64·128 + 64·64 = 18,432, half of tp 1's
+    g2 = 2 * T * 18432 / 1e12
+    e2 = T * (32 * 64 + 8 * 64) * 2 / 1e12  # every rank does all hidden-vector passes, half the ffn ones
+    layer, a_fwd, _ = _layer(Layout(tp=2, micro_batch=MB))
+    assert a_fwd == pytest.approx(A / 2, rel=1e-12)
+    assert layer == pytest.approx(3 * g2 + 3.5 * A / 2 + e2, rel=1e-12)
+    e2_sp = T * (32 * 64 / 2 + 8 * 64) * 2 / 1e12  # SP splits the hidden-vector passes over the 2 ranks too
+    layer_sp, _, _ = _layer(Layout(tp=2, micro_batch=MB), sp=True)
+    assert layer_sp == pytest.approx(3 * g2 + 3.5 * A / 2 + e2_sp, rel=1e-12)
+    # tp 4 > 2 K/V heads: each rank keeps 1 (replicated); 1 query head, ffn 32:
+    # K·N = 64·(1+2)·16 + 16·64 + 64·64 + 32·64 = 10,240
+    layer4, _, _ = _layer(Layout(tp=4, micro_batch=MB))
+    e4 = T * (32 * 64 + 8 * 32) * 2 / 1e12
+    assert layer4 == pytest.approx(3 * 2 * T * 10240 / 1e12 + 3.5 * A / 4 + e4, rel=1e-12)
+
+
+def test_context_parallel_layer_holds_its_share_of_the_tokens():
+    # cp 2: 512 tokens per rank; flash FLOPs 4·b·a·(s/2)·s·d/2: half; eager: (128 x 16) @ (16 x 256) batched GEMMs
+    layer, a_fwd, _ = _layer(Layout(cp=2, micro_batch=MB), t=T / 2)
+    assert a_fwd == pytest.approx(A / 2, rel=1e-12)
+    assert layer == pytest.approx(3 * G / 2 + 3.5 * A / 2 + E / 2, rel=1e-12)
+    _, e_fwd, _ = _layer(Layout(cp=2, micro_batch=MB), t=T / 2, attention="eager")
+    assert e_fwd == pytest.approx(2 * 16 * (2 * 128 * 16 * 256 / 1e12) + 6 * 16 * 128 * 256 * 2 / 1e12, rel=1e-12)
+
+
+def test_kernel_floors_bound_the_elementwise_work_and_attention():
+    # 211 element-wise kernels per layer at 1 us each = 211 us > the 6.3 us of traffic; the GEMMs (>= 8.4 us) and
+    # flash attention (67 us) stay above the floor
+    layer, _, _ = _layer(Layout(micro_batch=MB), hw=replace(TOY, kernel_floor_s=1e-6))
+    assert layer == pytest.approx(LAYER - E + 211e-6, rel=1e-12)
+    _, a_fwd, _ = _layer(Layout(micro_batch=MB), hw=replace(TOY, kernel_floor_s=1.0))
+    assert a_fwd == 1.0  # a tiny attention is one kernel floor
+
+
+# -- one step ----------------------------------------------------------------------------------------------------------
+def test_one_gpu_step_is_microbatches_of_layers_and_head_plus_the_optimizer():
+    p = predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8)
+    compute_mb = 4 * LAYER + HEAD
+    assert p.microbatches == 2  # 8 sequences / micro-batch 4
+    assert p.compute_s == pytest.approx(2 * compute_mb, rel=1e-12)
+    assert p.optimizer_s == pytest.approx(OPT, rel=1e-12)
+    assert p.step_time_s == pytest.approx(2 * compute_mb + OPT, rel=1e-12)
+    assert p.bubble_s == 0 and p.host_s == 0 and p.links == {}
+    assert p.exposed_s == {"tp": 0, "cp": 0, "pp": 0, "dp": 0}
+    assert p.tokens_per_s_per_gpu == pytest.approx(8 * SEQ / p.step_time_s, rel=1e-12)
+    # MFU counts the model's FLOPs (coursekit.flops) over the step at the 1 TFLOP/s peak; HFU also the recompute
+    assert p.mfu == pytest.approx(flops_per_step(SHAPE, 8, SEQ)["total"] / (p.step_time_s * 1e12), rel=1e-12)
+    rc = predict(SHAPE, Layout(micro_batch=MB, recompute="full"), cluster(1), seq=SEQ, global_batch=8)
+    assert rc.hfu == pytest.approx(flops_per_step(SHAPE, 8, SEQ, recompute="full")["total"] / (rc.step_time_s * 1e12),
+                                   rel=1e-12)
+    assert rc.mfu == pytest.approx(flops_per_step(SHAPE, 8, SEQ)["total"] / (rc.step_time_s * 1e12), rel=1e-12)
+    assert p.to_dict()["step_time_s"] == p.step_time_s and p.to_dict()["exposed_s"] == p.exposed_s
+
+
+def test_floors_bound_the_loss_and_the_optimizer_pays_per_tensor_kernels():
+    hw = replace(TOY, kernel_floor_s=1e-6, optimizer_ops_per_tensor=9)
+    p = predict(SHAPE, Layout(micro_batch=MB), cluster(1, hw), seq=SEQ, global_batch=4)
+    # the loss: 79 kernels outside the layers at 1 us beat 6.3 us of logits traffic; each layer's element-wise work
+    # 211 us; the optimizer: 9 kernels for each of the last stage's 4·9 + 2 = 38 tensors (no DTensor: one GPU)
+    head = 3 * 2 * T * 64 * 256 / 1e12 + 79e-6
+    assert p.compute_s == pytest.approx(4 * (LAYER - E + 211e-6) + head, rel=1e-12)
+    assert p.optimizer_s == pytest.approx(OPT + 9 * 38 * 1e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize("kw,needles", [
+    (dict(attention="ring"), ["attention must be flash or eager", "'ring'"]),
+    (dict(global_batch=10), ["global batch 10", "dp 1 x micro_batch 4"]),
+    (dict(layout=Layout(micro_batch=MB, microbatches=3)), ["microbatches 3 != global batch 8", "= 2"]),
+])
+def test_bad_input_names_the_bad_value(kw, needles):
+    args = dict(layout=Layout(micro_batch=MB), global_batch=8) | kw
+    with pytest.raises(ValueError) as e:
+        predict(SHAPE, args.pop("layout"), cluster(1), seq=SEQ, **args)
+    for n in needles:
+        assert n in str(e.value)
+
+
+# -- communication -----------------------------------------------------------------------------------------------------
+def test_tensor_parallel_all_reduces_are_exposed_four_per_layer():
+    # payload: micro-batch 4 x 256 tokens x 64 x 2 B = 131,072 B; m = 8 / 4 = 2 micro-batches, 4 layers each
+    p = predict(SHAPE, Layout(tp=2, micro_batch=MB, sp=False), cluster(2), seq=SEQ, global_batch=8)
+    assert p.exposed_s["tp"] == pytest.approx(2 * 4 * call(1, 131072, 4), rel=1e-12)
+    assert p.links == {"tp": "nvlink"}
+    # SP: an all-gather and a reduce-scatter (busbw factor 1/2 each) in place of each all-reduce
+    sp = predict(SHAPE, Layout(tp=2, micro_batch=MB, sp=True), cluster(2), seq=SEQ, global_batch=8)
+    assert sp.exposed_s["tp"] == pytest.approx(2 * 4 * 2 * call(0.5, 131072, 4), rel=1e-12)
+    # full recompute re-runs the forward's 2 all-reduces per layer: 6 in all
+    rc = predict(SHAPE, Layout(tp=2, micro_batch=MB, sp=False, recompute="full"), cluster(2), seq=SEQ, global_batch=8)
+    assert rc.exposed_s["tp"] == pytest.approx(2 * 4 * call(1, 131072, 6), rel=1e-12)
+    # ... and every exposed second is in the step: compute + exposed comm + optimizer (no bubble, dp, host)
+    assert p.step_time_s == pytest.approx(p.compute_s + p.exposed_s["tp"] + p.optimizer_s + p.host_s, rel=1e-12)
+
+
+def test_dtensor_dispatch_of_tp_layers_is_host_work_hidden_only_behind_compute():
+    hw = replace(TOY, dtensor_op_s=1e-3, overlap=0.0)  # nothing hides: 94 DTensor ops per layer (144 with SP)
+    p = predict(SHAPE, Layout(tp=2, micro_batch=MB, sp=False), cluster(2, hw), seq=SEQ, global_batch=8)
+    assert p.host_s == pytest.approx(2 * 4 * 94e-3, rel=1e-12)
+    sp = predict(SHAPE, Layout(tp=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=8)
+    assert sp.host_s == pytest.approx(2 * 4 * 144e-3, rel=1e-12)
+    # overlap 1: a micro-batch's compute hides that much of its host work; 0.376 s of host work is more than it
+    half = predict(SHAPE, Layout(tp=2, micro_batch=MB, sp=False), cluster(2, replace(hw, overlap=1.0)), seq=SEQ,
+                   global_batch=8)
+    assert half.host_s == pytest.approx(2 * 4 * 94e-3 - half.compute_s, rel=1e-12)
+    assert half.step_time_s == pytest.approx(half.compute_s + half.exposed_s["tp"] + half.host_s + half.optimizer_s,
+                                             rel=1e-12)
+
+
+def test_ddp_and_zero_reduce_gradients_over_dp():
+    # fp32 gradients of the stage: 164,416 x 4 = 657,664 B, one bucket (< 25 MiB): the last bucket is all of it
+    grads = STAGE_PARAMS * 4
+    ddp = predict(SHAPE, Layout(dp_replicate=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=16)
+    assert ddp.microbatches == 2
+    assert ddp.exposed_s["dp"] == pytest.approx(call(1, grads), rel=1e-12)  # one all-reduce, after the last micro-batch
+    assert ddp.links == {"dp": "nvlink"}
+    assert ddp.optimizer_s == pytest.approx(OPT, rel=1e-12)  # replicated: every rank steps all parameters
+    assert ddp.step_time_s == pytest.approx(ddp.compute_s + ddp.exposed_s["dp"] + OPT, rel=1e-12)
+    # ZeRO-1: a reduce-scatter per step, then an all-gather of the updated bf16 parameters; each rank steps half
+    z1 = predict(SHAPE, Layout(dp_replicate=2, engine="deepspeed", zero=1, micro_batch=MB), cluster(2), seq=SEQ,
+                 global_batch=16)
+    gather = call(0.5, STAGE_PARAMS * 2)
+    assert z1.exposed_s["dp"] == pytest.approx(call(0.5, grads) + gather, rel=1e-12)
+    assert z1.optimizer_s == pytest.approx(OPT / 2, rel=1e-12)
+    # ZeRO-2 reduce-scatters every micro-batch (2 here)
+    z2 = predict(SHAPE, Layout(dp_replicate=2, engine="deepspeed", zero=2, micro_batch=MB), cluster(2), seq=SEQ,
+                 global_batch=16)
+    assert z2.exposed_s["dp"] == pytest.approx(2 * call(0.5, grads) + gather, rel=1e-12)
+
+
+def test_a_gradient_reduce_longer_than_the_backward_is_exposed_beyond_it():
+    # a 1 kB/s link: the 657,664 B all-reduce takes ~658 s, far beyond the backward window (2/3 of a micro-batch,
+    # overlap 1): exposed = all of it minus that window (more than the single bucket's share, which is all of it
+    # here too: one bucket). With overlap 0 nothing hides.
+    slow = replace(TOY, collectives={"all_reduce": (ALPHA, 1e3)})
+    for overlap in (0.0, 1.0):
+        hw = replace(slow, overlap=overlap)
+        p = predict(SHAPE, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
+        assert p.exposed_s["dp"] == pytest.approx(ALPHA + STAGE_PARAMS * 4 / 1e3, rel=1e-12)
+
+
+def test_fsdp2_gathers_each_block_twice_and_exposes_the_first_gather_and_last_reduce():
+    L = Layout(dp_shard=2, engine="fsdp2", micro_batch=MB)
+    # per micro-batch: 2 x 4 all-gathers of a layer's 36,992 bf16 parameters, 4 reduce-scatters of their fp32 grads
+    gather, reduce = call(0.5, PER_LAYER * 2, 8), call(0.5, PER_LAYER * 4, 4)
+    p = predict(SHAPE, L, cluster(2), seq=SEQ, global_batch=16)
+    assert p.exposed_s["dp"] == pytest.approx(2 * (gather / 8 + reduce / 4), rel=1e-12)  # the rest hides
+    assert p.optimizer_s == pytest.approx(OPT / 2, rel=1e-12)
+    none = predict(SHAPE, L, cluster(2, replace(TOY, overlap=0.0)), seq=SEQ, global_batch=16)
+    assert none.exposed_s["dp"] == pytest.approx(2 * (gather + reduce), rel=1e-12)  # nothing hides
+    # the per-tensor optimizer loop: 9 kernels (1 us) + 7 DTensor ops (10 us) on each of 38 tensors
+    hw = replace(TOY, optimizer_ops_per_tensor=9, kernel_floor_s=1e-6)
+    loop = predict(SHAPE, L, cluster(2, hw), seq=SEQ, global_batch=16)
+    assert loop.optimizer_s == pytest.approx(OPT / 2 + 38 * (9 * 1e-6 + 7 * 10e-6), rel=1e-12)
+    ddp = predict(SHAPE, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
+    assert ddp.optimizer_s == pytest.approx(OPT + 38 * 9 * 1e-6, rel=1e-12)  # plain tensors: no DTensor dispatch
+
+
+def test_hsdp_also_all_reduces_the_shards_across_replicas():
+    L = Layout(dp_replicate=2, dp_shard=2, engine="fsdp2", micro_batch=MB)
+    p = predict(SHAPE, L, cluster(4, replace(TOY, overlap=0.0)), seq=SEQ, global_batch=32)
+    # shard group of 2 and replicate group of 2 (busbw factors as for 2 ranks); each replica all-reduces its
+    # half-layer fp32 gradient shard (36,992 x 4 / 2 B) after each of the 4 reduce-scatters
+    comm = call(0.5, PER_LAYER * 2, 8) + call(0.5, PER_LAYER * 4, 4) + call(1, PER_LAYER * 4 / 2, 4)
+    assert p.exposed_s["dp"] == pytest.approx(2 * comm, rel=1e-12)
+    assert p.optimizer_s == pytest.approx(OPT / 4, rel=1e-12)  # fsdp2 shards the step over all 4 dp ranks
+
+
+def test_zero3_fetches_every_tensor_and_pays_its_hooks():
+    L = Layout(dp_replicate=2, engine="deepspeed", zero=3, micro_batch=MB)
+    hw = replace(TOY, overlap=0.0, zero3_hook_s=1e-4)
+    p = predict(SHAPE, L, cluster(2, hw), seq=SEQ, global_batch=16)
+    # 38 tensors fetched for forward and for backward (76 gathers of 164,416 / 38 bf16 parameters each); the fp32
+    # gradients (657,664 B) fit one 2e9 B bucket: one reduce-scatter; hooks 100 us per tensor per micro-batch
+    comm = call(0.5, STAGE_PARAMS / 38 * 2, 76) + call(0.5, STAGE_PARAMS * 4, 1)
+    assert p.exposed_s["dp"] == pytest.approx(2 * comm, rel=1e-12)
+    assert p.host_s == pytest.approx(2 * 38 * 1e-4, rel=1e-12)
+    assert p.optimizer_s == pytest.approx(OPT / 2, rel=1e-12)
+
+
+def test_pipeline_sends_and_bubble():
+    # pp 2: ceil(4/2) = 2 layers per stage; the last stage holds 2 layers + 16,448 head parameters; forward and
+    # backward each send the 1024 x 64 bf16 activations (131,072 B) once per virtual stage
+    for v in (1, 2):
+        L = Layout(pp=2, micro_batch=MB, virtual_stages=v)
+        p = predict(SHAPE, L, cluster(2), seq=SEQ, global_batch=8)
+        sends = call(1, T * 64 * 2, 2 * v)
+        mb_time = 2 * LAYER + HEAD + sends
+        assert p.exposed_s["pp"] == pytest.approx(2 * sends, rel=1e-12)
+        assert p.bubble_s == pytest.approx(mb_time / v, rel=1e-12)  # (p - 1) / v micro-batch times
+        opt = (2 * PER_LAYER + LAST) * 32 / 1e12
+        assert p.step_time_s == pytest.approx(2 * mb_time + mb_time / v + opt, rel=1e-12)
+    # tp 2 x pp 2: the send is scattered over the 2 TP ranks (half each)
+    p = predict(SHAPE, Layout(pp=2, tp=2, micro_batch=MB), cluster(4), seq=SEQ, global_batch=8)
+    assert p.exposed_s["pp"] == pytest.approx(2 * call(1, T * 64 * 2 / 2, 2), rel=1e-12)
+
+
+def test_ring_attention_exposes_only_what_outlasts_the_attention_block():
+    # cp 2: 512 tokens per rank; K and V of 2 heads of 16 in bf16: 2·512·2·16·2 = 65,536 B per ring step, one step
+    # (cp - 1) forward, two backward, against the forward / backward attention of A/2 and 2.5·A/2
+    L = Layout(cp=2, micro_batch=MB)
+    p = predict(SHAPE, L, cluster(2), seq=SEQ, global_batch=8)
+    ring = call(1, 65536)
+    per_layer = max(0.0, ring - A / 2) + max(0.0, 2 * ring - 2.5 * A / 2)
+    assert per_layer > 0
+    assert p.exposed_s["cp"] == pytest.approx(2 * 4 * per_layer, rel=1e-12)
+    fast = predict(SHAPE, L, cluster(2, replace(TOY, collectives={**TOY.collectives, "send": (0.0, 1e12)})), seq=SEQ,
+                   global_batch=8)
+    assert fast.exposed_s["cp"] == 0  # a fast ring hides behind the attention
+    rc = predict(SHAPE, Layout(cp=2, micro_batch=MB, recompute="full"), cluster(2), seq=SEQ, global_batch=8)
+    assert rc.exposed_s["cp"] == pytest.approx(1.5 * 2 * 4 * per_layer, rel=1e-12)  # the forward's ring again
+
+
+def test_ulysses_all_to_alls_are_exposed():
+    # cp 2, 512 tokens per rank: q and out (2 x 512·4·16·2·2 = 2 x 131,072 B send buffer) and k, v (65,536 x 2 B),
+    # forward and backward
+    p = predict(SHAPE, Layout(cp=2, cp_impl="ulysses", micro_batch=MB), cluster(2), seq=SEQ, global_batch=8)
+    per_layer = 2 * (call(0.5, 2 * 131072) + call(0.5, 65536 * 2))
+    assert p.exposed_s["cp"] == pytest.approx(2 * 4 * per_layer, rel=1e-12)
+    assert p.links == {"cp": "nvlink", "dp": "nvlink"}  # CP ranks hold the same weights: gradients reduce over cp
+
+
+def test_expert_parallel_all_to_alls_four_per_layer():
+    moe = ModelShape(arch="llama", family="mixtral", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256,
+                     max_positions=512, experts=4, top_k=2)
+    p = predict(moe, Layout(dp_replicate=2, ep=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=16)
+    # dispatch + combine, forward and backward: 4 all-to-alls of 1024 tokens x top-2 rows of 64 bf16 per layer
+    assert p.exposed_s["ep"] == pytest.approx(2 * 2 * call(0.5, T * 2 * 64 * 2, 4), rel=1e-12)
+    assert "ep" not in predict(moe, Layout(dp_replicate=2, micro_batch=MB), cluster(2), seq=SEQ,
+                               global_batch=16).exposed_s
