@@ -234,6 +234,16 @@ def test_a_gradient_reduce_longer_than_the_backward_is_exposed_beyond_it():
         assert p.exposed_s["dp"] == pytest.approx(ALPHA + STAGE_PARAMS * 4 / 1e3, rel=1e-12)
 
 
+def test_loss_sync_is_one_small_all_reduce_per_step():
+    """The loss all-reduce spans pp x dp x cp: here the 2 data-parallel ranks of one node, so NVLink (the group
+    named in mesh order, pp outermost; named dp, cp, pp it looked like a group strided across nodes: the network)."""
+    hw = replace(TOY, loss_sync=True)
+    p = predict(SHAPE, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
+    assert p.exposed_s["dp"] == pytest.approx(call(1, STAGE_PARAMS * 4) + call(1, 4), rel=1e-12)  # a 4-byte loss
+    one = predict(SHAPE, Layout(micro_batch=MB), cluster(1, hw), seq=SEQ, global_batch=8)
+    assert one.exposed_s["dp"] == 0  # one rank: nothing to reduce
+
+
 def test_fsdp2_gathers_each_block_twice_and_exposes_the_first_gather_and_last_reduce():
     L = Layout(dp_shard=2, engine="fsdp2", micro_batch=MB)
     # per micro-batch: 2 x 4 all-gathers of a layer's 36,992 bf16 parameters, 4 reduce-scatters of their fp32 grads

@@ -174,7 +174,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     mb_time = compute_mb + stage_layers * (tp_s + cp_s + ep_s) + pp_s + fsdp_mb + host_mb
     bubble = (pp - 1) / v * mb_time if pp > 1 else 0.0
     opt = _optimizer_time(shape, L, hw, stage_params=stage_params, stage_layers=stage_layers)
-    step_dp += links.time("all_reduce", 4, dp_axes + ("pp",), 1) if hw.loss_sync else 0.0
+    step_dp += links.time("all_reduce", 4, ("pp",) + dp_axes, 1) if hw.loss_sync else 0.0  # mesh order: pp outermost
     step = m * mb_time + bubble + step_dp + opt
 
     tokens = global_batch * seq
