@@ -144,7 +144,7 @@ def test_unknown_choices_are_refused_naming_the_bad_value(kw, needles):
 
 @pytest.mark.parametrize("zero,offload", [(0, "none"), (1, "none"), (2, "cpu"), (3, "nvme")])
 def test_every_zero_stage_and_offload_target_is_accepted(zero, offload):
-    """DeepSpeed's stages 0-3 and the targets none / cpu / nvme are all valid choices (a typo in a table refuses one)."""
+    """DeepSpeed's stages 0-3 and the targets none, cpu, nvme are all valid (a typo in a table refuses one)."""
     assert model_state_bytes(1e9, zero=zero, shard=2, offload=offload if zero else "none").parameters > 0
 
 
