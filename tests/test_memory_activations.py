@@ -238,3 +238,223 @@ def test_families_equal_measurement(shape, attention, dtype, b, s):
     meas = measure(build(shape, attention, dtype), b, s, shape.vocab)["total_bytes"]
     est = activation_bytes(shape, b, s, dtype=dtype, attention=attention, impl="hf", kernels="cpu")
     assert est.total_bytes == meas, (est.total_bytes, meas, est.per_layer)
+
+
+# -- pure-Python terms worked out by hand (the profiles the CPU cannot measure: CUDA, fused, CP, EP, TP) ---------------
+# Toy sizes: h 64, 4 query heads of 16, b 2, s 32 -> n = 64 tokens, an attention score matrix b·a·s² = 8,192 elements.
+def qwen3(**kw):
+    return family("qwen3", 64, 4, 2, 128, d=16, **kw)
+
+
+def test_fused_qwen3_layer_term_by_term():
+    """impl fused, bf16 (2 B): fused RMSNorms keep input + one fp32 rstd per token; flash keeps q, k, v (2 K/V heads),
+    its output and fp32 log-sum-exp (b·a·s rows); Qwen3's q/k norms keep their input and one rstd per head."""
+    r = activation_bytes(qwen3(), 2, 32, impl="fused")
+    norm = lambda p: {f"{p}.input": 2 * 64 * 64, f"{p}.stats_fp32": 4 * 64, f"{p}.output": 2 * 64 * 64}  # noqa: E731
+    assert r.per_layer == {
+        **norm("attn_norm"),
+        "attn.q_rope": 2 * 64 * 4 * 16, "attn.k_rope": 2 * 64 * 2 * 16, "attn.v": 2 * 64 * 2 * 16,
+        "attn.logsumexp_fp32": 4 * 2 * 4 * 32, "attn.core_out(o_proj_input)": 2 * 64 * 4 * 16,
+        "attn.q_norm.input": 2 * 64 * 4 * 16, "attn.q_norm.rstd_fp32": 4 * 64 * 4,
+        "attn.k_norm.input": 2 * 64 * 2 * 16, "attn.k_norm.rstd_fp32": 4 * 64 * 2,
+        **norm("mlp_norm"),
+        # SwiGLU, ffn 128: silu's input (the gate output), its output, up's output, the product (down's input)
+        "mlp.activation_saved": 2 * 64 * 128, "mlp.act_out": 2 * 64 * 128, "mlp.up_out": 2 * 64 * 128,
+        "mlp.product(down_input)": 2 * 64 * 128}
+    assert r.embed == {"input_ids(int64)": 8 * 2 * 32}
+    assert r.shared == {"rope_cos_sin": 2 * 32 * 16 * 2}  # cos and sin, (1, s, d) each
+    # the loss: fp32 log-softmax over b·s·V, the (b, s) int64 shifted labels, one fp32 total weight
+    assert r.head == {**norm("final_norm"), "loss.log_softmax_fp32": 4 * 2 * 32 * 256, "loss.labels(int64)": 8 * 2 * 32,
+                      "loss.total_weight": 4}
+    assert (r.attention_kernel, r.notes, r.layers) == ("flash", (), 2)
+    L, E, S, H = (sum(x.values()) for x in (r.per_layer, r.embed, r.shared, r.head))
+    assert r.layer_bytes == L and r.total_bytes == 2 * L + E + S + H and r.model == {**r.embed, **r.shared, **r.head}
+    assert r.stage_bytes(1, first=True, last=False) == L + E + S
+    assert r.stage_bytes(3, first=False, last=True) == 3 * L + S + H
+
+
+def test_gpt2_on_cuda_with_dropout_term_by_term():
+    """hf + cuda, bf16, eager, dropout 0.1 everywhere: 1-byte dropout masks, LayerNorm's fp32 mean and rstd, GPT-2's
+    softmax in bf16, its q, kᵀ, v copied for the batched matmuls, gelu_new's four saved ffn tensors (ffn 256)."""
+    r = activation_bytes(gpt2(64, 4, drop=0.1), 2, 32, attention="eager", kernels="cuda")
+    ln = lambda p: {f"{p}.input": 2 * 64 * 64, f"{p}.mean_rstd": 2 * 4 * 64, f"{p}.output": 2 * 64 * 64}  # noqa: E731
+    ss = 2 * 4 * 32 * 32
+    assert r.per_layer == {
+        **ln("attn_norm"),
+        "attn.q_matmul": 2 * 64 * 64, "attn.k_matmul": 2 * 64 * 64, "attn.softmax": 2 * ss,
+        "attn.probs_dropped": 2 * ss, "attn.dropout_mask": 1 * ss, "attn.v_matmul": 2 * 64 * 64,
+        "attn.core_out(o_proj_input)": 2 * 64 * 64, "attn_resid_dropout.mask": 64 * 64,
+        **ln("mlp_norm"),
+        "mlp.activation_saved": 4 * 2 * 64 * 256, "mlp.act_out(proj_input)": 2 * 64 * 256, "mlp_dropout.mask": 64 * 64}
+    # learned positions: (1, s) int64 position ids, no RoPE tables; the embedding dropout's mask
+    assert r.embed == {"input_ids(int64)": 512, "position_ids(int64)": 8 * 32, "embedding_dropout.mask": 64 * 64}
+    assert r.shared == {}
+    assert r.head == {**ln("final_norm"), "loss.log_softmax_fp32": 4 * 2 * 32 * 256, "loss.labels(int64)": 512,
+                      "loss.total_weight": 4}
+    # flash on CUDA with dropout: no mask, the kernel's RNG state (flash: (2,) + () uint64 = 24 B)
+    fl = activation_bytes(gpt2(64, 4, drop=0.1), 2, 32, kernels="cuda")
+    assert fl.per_layer["attn.rng_state"] == 24 and "attn.dropout_mask" not in fl.per_layer
+    # the fused profile: vocab-parallel loss over tp 2 (V = 256 splits), HF's loss otherwise
+    tp = activation_bytes(gpt2(64, 4), 2, 32, impl="fused", tp=2)
+    assert tp.head["loss.log_softmax_fp32"] == 4 * 2 * 32 * 128
+    assert activation_bytes(gpt2(64, 4), 2, 32, tp=2).head["loss.log_softmax_fp32"] == 4 * 2 * 32 * 256
+
+
+def test_selective_recompute_keeps_the_core_inputs_and_output():
+    # GPT-2: one c_attn output b·s·(a + 2k)·d (q, k, v are views of it); Llama: q, k after RoPE and v
+    g = activation_bytes(gpt2(64, 4), 2, 32, recompute="selective", kernels="cuda")
+    assert {k: v for k, v in g.per_layer.items() if k.startswith("attn.")} == {
+        "attn.qkv_out(c_attn)": 2 * 64 * 12 * 16, "attn.core_out(o_proj_input)": 2 * 64 * 64}
+    ll = activation_bytes(qwen3(), 2, 32, recompute="selective", kernels="cuda", attention="eager")
+    assert {k: v for k, v in ll.per_layer.items() if k.startswith("attn.") and "norm" not in k} == {
+        "attn.q_rope": 2 * 64 * 64, "attn.k_rope": 2 * 64 * 32, "attn.v": 2 * 64 * 32,
+        "attn.core_out(o_proj_input)": 2 * 64 * 64}
+    # full: one bf16 b·s·h input per layer, no RoPE tables (the checkpoints recompute them); GPT-2 eager also hands
+    # its (b, 1, s, s) mask to each checkpoint
+    full = activation_bytes(gpt2(64, 4), 2, 32, recompute="full", attention="eager")
+    assert full.per_layer == {"layer_input(checkpoint)": 2 * 64 * 64}
+    assert full.shared == {"causal_mask(checkpoint_arg)": 2 * 2 * 32 * 32}
+    assert activation_bytes(qwen3(), 2, 32, recompute="full").shared == {}
+    assert activation_bytes(gpt2(64, 4), 2, 32, recompute="full").shared == {}  # SDPA: no mask argument
+
+
+def test_cuda_math_path_and_efficient_kernel():
+    """fp32 on CUDA: grouped-query attention takes the math path (fp32 q, k, v repeated to all heads, scores, and with
+    dropout a 1-byte mask and the dropped probabilities); MHA the memory-efficient kernel, log-sum-exp rows padded
+    to 32 (33 -> 64) and its 16-byte RNG state."""
+    m = activation_bytes(qwen3(attn_dropout=0.1), 2, 32, dtype="fp32", kernels="cuda")
+    ss = 2 * 4 * 32 * 32
+    assert m.attention_kernel == "math" and "math path" in m.notes[0]
+    assert {k: v for k, v in m.per_layer.items() if k.startswith("attn.") and "norm" not in k} == {
+        "attn.q_scaled_fp32": 4 * 64 * 64, "attn.k_scaled_fp32": 4 * 64 * 64, "attn.softmax_fp32": 4 * ss,
+        "attn.dropout_mask": ss, "attn.probs_dropped_fp32": 4 * ss, "attn.v_fp32": 4 * 64 * 64,
+        "attn.core_out(o_proj_input)": 4 * 64 * 64}
+    e = activation_bytes(family("llama", 64, 4, 4, 128, attn_dropout=0.1), 2, 33, dtype="fp32", kernels="cuda")
+    assert e.attention_kernel == "efficient" and e.notes == ()
+    assert e.per_layer["attn.logsumexp_fp32"] == 4 * 2 * 4 * 64 and e.per_layer["attn.rng_state"] == 16
+
+
+@pytest.mark.parametrize("kw,kernel", [
+    (dict(impl="fused"), "flash"),
+    (dict(attention="eager"), "eager"),
+    (dict(kernels="meta"), "math"),
+    (dict(kernels="cpu"), "flash"),
+    (dict(kernels="cpu", dropout=0.1), "math"),
+    (dict(kernels="cpu", dtype="fp32"), "flash"),
+    (dict(), "flash"),  # cuda bf16, head_dim 16
+    (dict(head_dim=256), "flash"),  # FlashAttention's largest head dimension
+    (dict(head_dim=257), "math"),  # beyond it, grouped-query: math
+    (dict(head_dim=257, kv_heads=4), "efficient"),  # beyond it, MHA: memory-efficient
+    (dict(dtype="fp32"), "math"),  # no flash in fp32; GQA: math
+    (dict(dtype="fp32", kv_heads=4), "efficient"),
+    (dict(dtype="fp16", kv_heads=4), "flash"),
+])
+def test_which_attention_kernel_runs(kw, kernel):
+    shape_kw = {k: kw.pop(k) for k in ("head_dim", "kv_heads") if k in kw}
+    shape = family("llama", 64, 4, shape_kw.get("kv_heads", 2), 128, d=shape_kw.get("head_dim"))
+    assert activation_bytes(shape, 1, 32, **kw).attention_kernel == kernel
+
+
+def test_context_parallel_ring_and_ulysses_terms():
+    """cp 2 over s 64: 32 rows per rank, n = 64 tokens, flash, bf16, MHA (4 K/V heads). Ring keeps the flash terms
+    of its own rows; Ulysses (heads split over C = 2, all S = 64 rows) keeps q, its output and o_proj's input of
+    n·a·d each, K and V of b·S·d·(k/C), log-sum-exp of b·(a/C)·S rows."""
+    mha = family("llama", 64, 4, 4, 128)
+    ring = activation_bytes(mha, 2, 64, cp=2, kernels="cuda")
+    assert {k: v for k, v in ring.per_layer.items() if k.startswith("attn.")} == {
+        "attn.q_rope": 2 * 64 * 64, "attn.k_rope": 2 * 64 * 64, "attn.v": 2 * 64 * 64,
+        "attn.logsumexp_fp32": 4 * 2 * 4 * 32, "attn.core_out(o_proj_input)": 2 * 64 * 64}
+    uly = activation_bytes(mha, 2, 64, cp=2, cp_impl="ulysses", kernels="cuda", dropout=0.1)
+    assert {k: v for k, v in uly.per_layer.items() if k.startswith("attn.")} == {
+        "attn.q_heads(ulysses)": 2 * 64 * 64, "attn.k_heads(ulysses)": 2 * 2 * 64 * 16 * 2,
+        "attn.v_heads(ulysses)": 2 * 2 * 64 * 16 * 2, "attn.logsumexp_fp32": 4 * 2 * 2 * 64,
+        "attn.out_heads(ulysses)": 2 * 64 * 64, "attn.core_out(o_proj_input)": 2 * 64 * 64, "attn.rng_state": 24}
+    # fp32 MHA: the memory-efficient kernel, S = 66 rows padded to 96, its 16-byte RNG state
+    eff = activation_bytes(mha, 2, 66, dtype="fp32", cp=2, cp_impl="ulysses", kernels="cuda", dropout=0.1)
+    assert eff.attention_kernel == "efficient"
+    assert eff.per_layer["attn.logsumexp_fp32"] == 4 * 2 * 2 * 96 and eff.per_layer["attn.rng_state"] == 16
+    # 1 K/V head (< C): replicated on both ranks over all S rows, b·S·d
+    rep = activation_bytes(family("llama", 64, 4, 1, 128), 2, 64, cp=2, cp_impl="ulysses", kernels="cuda")
+    assert rep.per_layer["attn.k_heads(ulysses)"] == 2 * 2 * 64 * 16 and "attn.rng_state" not in rep.per_layer
+    # per-sequence position ids: the cos / sin tables are (b, s/C, d), not (1, s/C, d)
+    per = activation_bytes(mha, 2, 64, cp=2, kernels="cuda", position_ids="per-sequence")
+    assert per.shared == {"rope_cos_sin": 2 * 2 * 32 * 16 * 2} and ring.shared == {"rope_cos_sin": 2 * 32 * 16 * 2}
+
+
+def test_tensor_and_sequence_parallel_split_the_right_tensors():
+    # tp 2, fused, bf16: 2 heads and 1 K/V head per rank, ffn 64; SP splits the norms' tokens (32 of 64) and, in the
+    # fused (Megatron) profile, the column-parallel linears keep the sharded norm output too
+    r = activation_bytes(qwen3(), 2, 32, impl="fused", tp=2, sp=True)
+    assert r.per_layer["attn_norm.input"] == 2 * 32 * 64 and r.per_layer["attn_norm.output"] == 2 * 32 * 64
+    assert r.per_layer["attn.k_rope"] == 2 * 64 * 16 and r.per_layer["mlp.up_out"] == 2 * 64 * 64
+    hf = activation_bytes(qwen3(), 2, 32, tp=2, sp=True)  # HF's TP gathers the norm output: all 64 tokens
+    assert hf.per_layer["attn_norm.normalized"] == 2 * 32 * 64 and hf.per_layer["attn_norm.output"] == 2 * 64 * 64
+    no_sp = activation_bytes(qwen3(), 2, 32, tp=2)
+    assert no_sp.per_layer["attn_norm.normalized"] == 2 * 64 * 64
+    # tp 4 > 2 K/V heads: each rank keeps one
+    assert activation_bytes(qwen3(), 2, 32, impl="fused", tp=4).per_layer["attn.k_rope"] == 2 * 64 * 16
+    assert activation_bytes(qwen3(), 2, 32, sp=True).per_layer == activation_bytes(qwen3(), 2, 32).per_layer
+
+
+def mixtral(**kw):
+    return family("mixtral", 64, 4, 2, 128, experts=4, top_k=2, **kw)
+
+
+def test_moe_terms_grouped_mm_and_dispatch():
+    """Mixtral (renormalised top-2 of 4 experts, expert ffn 128, fp32 router weights), bf16, n = 64 tokens:
+    S = 128 (token, choice) rows. ep 1: transformers' grouped_mm path; ep 2: coursekit's dispatch with 100 rows
+    received by this rank's experts."""
+    moe = lambda r: {k: v for k, v in r.per_layer.items() if k.startswith("moe.")}  # noqa: E731
+    router = {"moe.router.softmax_fp32": 4 * 64 * 4, "moe.router.topk_ids(int64)": 8 * 128,
+              "moe.router.topk_sum_fp32": 4 * 64, "moe.router.topk_weights_fp32": 4 * 128}
+    experts = lambda rows: {"moe.experts.gate_up_out": 2 * rows * 256, "moe.experts.act_out": 2 * rows * 128,  # noqa
+                            "moe.experts.product(down_input)": 2 * rows * 128}
+    assert moe(activation_bytes(mixtral(), 2, 32)) == {
+        **router, **experts(128), "moe.sort.perm(int64)": 8 * 128, "moe.sort.token_of_row(int64)": 8 * 128,
+        "moe.offsets(int32)": 4 * 4, "moe.experts.rows_in": 2 * 128 * 64, "moe.weights_sorted": 4 * 128,
+        "moe.experts.down_out": 2 * 128 * 64, "moe.unsort.inverse(int64)": 8 * 128}
+    assert moe(activation_bytes(mixtral(), 2, 32, ep=2, expert_rows=100)) == {
+        **router, **experts(100), "moe.dispatch.token_of_row(int64)": 8 * 128, "moe.dispatch.order(int64)": 8 * 128,
+        "moe.dispatch.rows_sent": 2 * 128 * 64, "moe.experts.by_expert(int64)": 8 * 100,
+        "moe.experts.rows_in": 2 * 100 * 64, "moe.experts.unsort(int64)": 8 * 100,
+        "moe.combine.rows_back": 2 * 128 * 64, "moe.weights_sorted": 4 * 128}
+    # Qwen3-MoE without norm_topk_prob: no sum / divided weights, the weights cast back to bf16
+    q = activation_bytes(family("qwen3_moe", 64, 4, 2, 128, d=16, experts=4, top_k=2), 2, 32)
+    assert "moe.router.topk_sum_fp32" not in q.per_layer and q.per_layer["moe.weights_sorted"] == 2 * 128
+    # the load-balancing loss: softmax over every layer's (n x E) logits at once, E fp32 token shares
+    aux = activation_bytes(mixtral(), 2, 32, aux_loss=True)
+    assert aux.head["moe.aux_loss.softmax"] == 2 * 2 * 64 * 4 and aux.head["moe.aux_loss.tokens_per_expert_fp32"] == 16
+    assert "moe.aux_loss.softmax" not in activation_bytes(qwen3(), 2, 32, aux_loss=True).head
+    # tp 2 splits the block's 64 tokens: 32 per rank, and the router / experts read a copied slice of the norm output
+    tp = activation_bytes(mixtral(), 2, 32, tp=2)
+    assert tp.per_layer["mlp_norm.output"] == 2 * 32 * 64 and tp.per_layer["moe.router.softmax_fp32"] == 4 * 32 * 4
+
+
+@pytest.mark.parametrize("shape,kw,needles", [
+    (qwen3(), dict(seq=30, cp=4), ["seq (30) must be divisible by cp (4)"]),
+    (qwen3(), dict(tp=3), ["tp (3) must divide heads (4) and ffn (128)", "kv_heads (2)"]),
+    (family("llama", 64, 4, 2, 130), dict(tp=4), ["tp (4)", "ffn (130)"]),
+    (qwen3(), dict(seq=30, tp=4, sp=True), ["seq/cp (30) divisible by tp (4)"]),
+    (qwen3(), dict(cp=2, attention="eager"), ["context parallelism needs a flash-style attention kernel"]),
+    (qwen3(), dict(cp=2, kernels="cpu", dropout=0.1), ["context parallelism needs"]),
+    (family("llama", 96, 6, 6, 128), dict(cp=4, cp_impl="ulysses"), ["cp (4) must divide the query heads", "(6)"]),
+    (family("llama", 64, 4, 4, 128), dict(cp=2, cp_impl="ulysses", recompute="selective"), ["ulysses"]),
+    (qwen3(activation="mish"), {}, ["unknown activation 'mish'"]),
+    (mixtral(), dict(tp=2, sp=True), ["sequence parallelism with a mixture-of-experts"]),
+    (mixtral(), dict(seq=30, tp=4), ["tp (4) splits", "seq/cp (30)"]),
+    (qwen3(), dict(impl="fused", attention="eager"), ["impl 'fused' means flash attention"]),
+    (qwen3(), dict(dtype="fp8"), ["unknown dtype 'fp8'"]),
+    (qwen3(), dict(attention="flash"), ["unknown attention 'flash'"]),
+    (qwen3(), dict(impl="megatron"), ["unknown impl 'megatron'"]),
+    (qwen3(), dict(kernels="rocm"), ["unknown kernels 'rocm'"]),
+    (qwen3(), dict(recompute="some"), ["unknown recompute 'some'"]),
+    (qwen3(), dict(cp_impl="striped"), ["unknown cp_impl 'striped'"]),
+    (qwen3(), dict(position_ids="absolute"), ["unknown position_ids 'absolute'"]),
+])
+def test_unmodelled_input_is_refused_naming_the_value(shape, kw, needles):
+    from coursekit.memory.errors import ConfigError
+    seq = kw.pop("seq", 32)
+    with pytest.raises(ConfigError) as e:
+        activation_bytes(shape, 2, seq, **kw)
+    for n in needles:
+        assert n in str(e.value)
