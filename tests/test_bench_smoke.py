@@ -249,3 +249,13 @@ def test_bench_mutation_scores_one_module():
     score = float(re.search(r"([\d.]+)%", row).group(1))
     assert mutants == killed + survived + unreached and killed > 0, row
     assert score == pytest.approx(100 * killed / mutants, abs=0.05), row
+
+
+@pytest.mark.slow  # ~30 s (a floor launch, a pool, a trainer launch); default-tier cover: tests/test_pool.py
+def test_bench_pool(no_orphans):
+    """One row for 2 ranks: every figure present and positive, the ratios those of the row's own columns."""
+    out = bench("bench_pool.py", "--nproc", "2", timeout=600)
+    row = next(ln.split() for ln in out.splitlines() if ln.split()[:1] == ["2"])
+    fl, start, r_start, cell, tr, r_tr = map(float, row[1:])
+    assert min(fl, start, cell, tr) > 0
+    assert r_start == pytest.approx(start / fl, abs=0.01) and r_tr == pytest.approx(tr / fl, abs=0.01)

@@ -1,0 +1,247 @@
+"""Persistent ranks for notebooks: N processes with one process group, started once and kept across cells.
+
+    from coursekit.pool import Pool
+    pool = Pool(2)                                  # 2 ranks, gloo on CPU (NCCL, one GPU per rank, on a GPU node)
+    pool.run("import torch; x = torch.ones(4) * (rank + 1)")       # on every rank; x stays there
+    pool.run("dist.all_reduce(x); print(x.tolist())")              # a later cell uses it: [rank 0] [3.0, ...]
+    pool.run(fn, *args)                             # fn(*args) on every rank: the list of results, by rank
+    pool.magics()                                   # then %%ranks as a cell magic: the cell on every rank
+    pool.restart(); pool.resize(4); pool.close()    # fresh ranks (state gone); another size; stop (also at exit)
+
+Each rank is an ipyparallel engine (a kernel of its own); ``rank``, ``world_size``, ``device``, ``torch`` and
+``dist`` (torch.distributed, initialised) are defined in it. A cell's output comes back labelled by rank. An
+exception on any rank raises :class:`RankError` with each failing rank's traceback, the cell's own frames first,
+and the pool stays usable. A cell that does not finish within ``timeout`` seconds (a collective one rank never
+joins) raises ``TimeoutError`` naming the ranks still running, and the pool is restarted: a rank stuck inside a
+collective cannot be interrupted, only replaced. Every process carries the launch stamp
+(``coursekit.launch.stamped_env``), so the test suite's orphan guard sees them, and ``close`` stops what is left.
+
+Why ipyparallel (9.x): a maintained project (Jupyter), engines that are real kernels (state across cells, rich
+output), a controller that routes one cell to all engines in milliseconds, per-engine errors (``CompositeError``)
+and a signal/stop API. nbdistributed and jupyter-distributed (0.1) do the same on top of plain ZMQ/torchrun but are
+single-author 0.1 releases; starting ranks with torchrun per cell is what this module avoids.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import textwrap
+import uuid
+
+from coursekit.launch import LAUNCH_ID_ENV, reap, stamped_env
+
+
+class RankError(RuntimeError):
+    """A cell raised on one or more ranks: ``failures`` maps rank -> that rank's traceback (text)."""
+
+    def __init__(self, failures: dict[int, str]):
+        self.failures = failures
+        ranks = ", ".join(map(str, sorted(failures)))
+        body = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(failures.items()))
+        super().__init__(f"the cell failed on rank(s) {ranks}\n{body}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_rank(rank: int, world: int, port: int, device: str) -> str:
+    """Runs in each engine (``Pool`` calls it): this rank's device and its process group; returns the device."""
+    import torch
+    import torch.distributed as dist
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = f"cuda:{torch.cuda.current_device()}"
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    return device
+
+
+_SETUP = """import torch
+import torch.distributed as dist
+from coursekit.pool import init_rank as _init_rank
+rank, world_size = {rank}, {world}
+device = _init_rank(rank, world_size, {port}, {device!r})
+"""
+
+
+class Pool:
+    def __init__(self, n: int = 2, *, timeout: float = 60.0, start_timeout: float = 120.0,
+                 device: str | None = None):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"a pool needs a whole number of ranks >= 1, got {n!r}")
+        self.n, self.timeout, self.start_timeout = n, timeout, start_timeout
+        self.device = device or os.environ.get("COURSEKIT_DEVICE") or ("cuda" if _has_cuda() else "cpu")
+        self._cluster = self._client = None
+        self._start()
+        atexit.register(self.close)
+
+    # -- life cycle ------------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        import ipyparallel as ipp
+
+        self._launch_id = uuid.uuid4().hex
+        saved = dict(os.environ)
+        os.environ.update(stamped_env({LAUNCH_ID_ENV: self._launch_id}))  # the engines inherit it
+        try:
+            self._cluster = ipp.Cluster(n=self.n, engines="local", log_level=40)
+            self._client = self._cluster.start_and_connect_sync(activate=False)
+            self._client.wait_for_engines(self.n, timeout=self.start_timeout)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        ids = sorted(self._client.ids)[: self.n]
+        self._engines = {rank: self._client[e] for rank, e in enumerate(ids)}
+        self._view = self._client[ids]
+        port = _free_port()  # every rank joins the group at once: the cells' names (rank, device, dist) defined
+        setup = {r: v.execute(_SETUP.format(rank=r, world=self.n, port=port, device=self.device), block=False)
+                 for r, v in self._engines.items()}
+        for ar in setup.values():
+            ar.get(timeout=self.start_timeout)
+        self.devices = {r: d for r, d in zip(self._engines, self._view.pull("device", block=True))}
+
+    def close(self) -> None:
+        """Stop every rank (and the controller); idempotent."""
+        if self._cluster is None:
+            return
+        try:
+            self._client.close()
+            self._cluster.stop_cluster_sync()
+        finally:
+            self._cluster = self._client = None
+            reap(self._launch_id)
+
+    def restart(self) -> None:
+        """Fresh ranks of the same size (every rank's state is gone)."""
+        self.close()
+        self._start()
+
+    def resize(self, n: int) -> None:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"a pool needs a whole number of ranks >= 1, got {n!r}")
+        self.close()
+        self.n = n
+        self._start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- running cells ---------------------------------------------------------------------------------------------
+    def run(self, cell, *args, timeout: float | None = None, quiet: bool = False):
+        """``cell`` (source text, or a function called with ``args``) on every rank. Source: each rank's output
+        printed as it arrives, labelled ``[rank r]`` (unless ``quiet``), returns None; a function: the list of its
+        results, by rank."""
+        if self._cluster is None:
+            raise RuntimeError("this pool is closed: make a new one or call restart()")
+        timeout = self.timeout if timeout is None else timeout
+        if callable(cell):
+            import ipyparallel as ipp
+
+            fn = ipp.interactive(cell)  # its globals are the rank's namespace (rank, dist, ...), wherever defined
+            pending = {r: v.apply_async(fn, *args) for r, v in self._engines.items()}
+        else:
+            code = textwrap.dedent(cell)
+            pending = {r: v.execute(code, silent=False, block=False) for r, v in self._engines.items()}
+        echo = _Echo(pending, quiet=quiet or callable(cell))
+        self._wait(pending, timeout, echo)
+        failures, out = {}, {}
+        for r, ar in pending.items():
+            try:
+                out[r] = ar.get(0)
+            except Exception as e:  # noqa: BLE001 (an engine's error, reported per rank below)
+                failures[r] = _traceback_of(e)
+        if failures:
+            raise RankError(failures)
+        return [out[r] for r in sorted(out)] if callable(cell) else None
+
+    def _wait(self, pending: dict, timeout: float, echo) -> None:
+        import signal
+        import time
+
+        end = time.monotonic() + timeout
+        try:
+            while not all(ar.ready() for ar in pending.values()) and time.monotonic() < end:
+                echo.flush()
+                time.sleep(0.05)
+        except KeyboardInterrupt:  # the notebook's interrupt: every rank's cell gets it too
+            self._cluster.signal_engines(signal.SIGINT)
+            raise
+        stuck = sorted(r for r, ar in pending.items() if not ar.ready())
+        if stuck:
+            echo.flush()
+            self.restart()
+            raise TimeoutError(f"the cell did not finish within {timeout:g} s on rank(s) "
+                               f"{', '.join(map(str, stuck))} (a collective some rank never joined?); the pool "
+                               f"was restarted with {self.n} fresh ranks")
+        for ar in pending.values():
+            ar.wait_for_output(timeout=5)
+        echo.flush()
+
+    def magics(self) -> None:
+        """Register ``%%ranks`` in this IPython session: the cell runs on every rank of this pool."""
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is None:
+            raise RuntimeError("%%ranks needs an IPython kernel (a notebook)")
+        ip.register_magic_function(lambda line, cell: self.run(cell), "cell", "ranks")
+
+
+class _Echo:
+    """Each rank's new output since the last flush, printed line by line with its rank."""
+
+    def __init__(self, pending: dict, quiet: bool):
+        self.pending, self.quiet, self.shown = pending, quiet, {r: 0 for r in pending}
+        self.partial = {r: "" for r in pending}
+
+    def flush(self) -> None:
+        if self.quiet:
+            return
+        for r, ar in self.pending.items():
+            text = _text(ar.stdout) + _text(ar.stderr) if ar.ready() else _text(ar.stdout)
+            new, self.shown[r] = text[self.shown[r]:], len(text)
+            lines = (self.partial[r] + new).split("\n")
+            self.partial[r] = lines.pop()  # a line still being written waits for its end
+            for line in lines:
+                print(f"[rank {r}] {line}", flush=True)
+            if ar.ready() and self.partial[r]:
+                print(f"[rank {r}] {self.partial[r]}", flush=True)
+                self.partial[r] = ""
+
+
+def _text(x) -> str:
+    return x if isinstance(x, str) else "".join(x or [])
+
+
+def _traceback_of(e: BaseException) -> str:
+    """One engine's error as text: ipyparallel's RemoteError carries the remote traceback."""
+    if getattr(e, "elist", None):  # a CompositeError of one engine: its first (only) error
+        e = e.elist[0]
+        return _strip_ansi(e[2] if len(e) > 2 and e[2] else f"{e[0]}: {e[1]}")
+    tb = getattr(e, "traceback", None)
+    if isinstance(tb, list):
+        tb = "\n".join(tb)
+    text = tb or f"{type(e).__name__}: {e}"
+    return _strip_ansi(text)
+
+
+def _strip_ansi(text: str) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False

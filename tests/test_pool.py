@@ -1,0 +1,92 @@
+"""Persistent ranks for notebooks (``coursekit.pool``): one pool of 2 ranks started once for the whole file and
+kept across "cells", as a notebook keeps it; its processes are stamped, and the file's last test closes it and
+checks nothing is left (the module fixture is marked ``keeps_processes`` for the per-test orphan guard)."""
+import time
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.keeps_processes
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from coursekit.pool import Pool
+
+    p = Pool(2, timeout=30)
+    yield p
+    p.close()
+
+
+def test_state_lives_across_cells_and_collectives_run_on_warm_ranks(pool, capsys):
+    """A tensor built in one cell is all-reduced in the next; the output comes back labelled by rank; a small
+    collective cell on warm ranks takes well under a second (printed, not asserted: speed is bench/'s)."""
+    pool.run("x = torch.ones(3) * (rank + 1)")
+    t0 = time.perf_counter()
+    pool.run("dist.all_reduce(x); print(x.tolist(), world_size)")
+    took = time.perf_counter() - t0
+    out = capsys.readouterr().out
+    assert "[rank 0] [3.0, 3.0, 3.0] 2" in out and "[rank 1] [3.0, 3.0, 3.0] 2" in out, out
+    print(f"collective cell on 2 warm ranks: {took * 1e3:.0f} ms")
+
+
+def test_a_function_runs_on_every_rank_and_returns_by_rank(pool):
+    def scaled(k):
+        return rank * k + world_size  # noqa: F821 (names of the rank's namespace)
+
+    assert pool.run(scaled, 10) == [2, 12]
+
+
+def test_an_error_on_one_rank_shows_its_traceback_and_the_pool_stays_usable(pool, capsys):
+    from coursekit.pool import RankError
+
+    cell = "def check(v):\n    raise ValueError(f'rank {v} disagrees')\nif rank == 1:\n    check(rank)\n"
+    with pytest.raises(RankError) as e:
+        pool.run(cell)
+    assert set(e.value.failures) == {1}
+    tb = e.value.failures[1]
+    # the cell's own frames, outermost first: the call in the cell (line 4), then the raise inside check (line 2)
+    assert "ValueError: rank 1 disagrees" in tb and tb.index("----> 4") < tb.index("----> 2")
+    pool.run("print('still here', rank)")
+    assert "[rank 0] still here 0" in capsys.readouterr().out
+
+
+def test_a_hang_times_out_naming_the_rank_and_the_pool_restarts(pool, capsys):
+    """Rank 0 enters a barrier rank 1 never joins: a TimeoutError names rank 0, the pool comes back with fresh
+    ranks (the old state is gone) that run collectives again."""
+    pool.run("y = 1")
+    with pytest.raises(TimeoutError, match=r"rank\(s\) 0 .*restarted with 2 fresh ranks"):
+        pool.run("if rank == 0:\n    dist.barrier()\n", timeout=3)
+    pool.run("print('y' in dir()); t = torch.tensor([rank + 1]); dist.all_reduce(t); print(t.item())")
+    out = capsys.readouterr().out
+    assert "[rank 1] False" in out and "[rank 0] 3" in out and "[rank 1] 3" in out
+
+
+def test_resize_then_close_leaves_no_process(pool, capsys):
+    from coursekit.launch import LAUNCH_ID_ENV
+
+    pool.resize(3)
+    pool.run("t = torch.tensor([1]); dist.all_reduce(t); print(world_size, t.item())")
+    out = capsys.readouterr().out
+    assert all(f"[rank {r}] 3 3" in out for r in range(3)), out
+    launch_id = pool._launch_id
+    pool.close()
+    time.sleep(0.5)
+    left = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get(LAUNCH_ID_ENV) == launch_id:
+                left.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    assert left == []
+    with pytest.raises(RuntimeError, match="this pool is closed"):
+        pool.run("1")
+
+
+def test_bad_sizes_are_refused():
+    from coursekit.pool import Pool
+
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="whole number of ranks"):
+            Pool(bad)
