@@ -37,6 +37,16 @@ def test_a_function_runs_on_every_rank_and_returns_by_rank(pool):
     assert pool.run(scaled, 10) == [2, 12]
 
 
+def test_the_ranks_cell_magic_runs_the_cell_on_every_rank(pool, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()  # a notebook kernel's shell, without the kernel
+    pool.magics()
+    ip.run_cell_magic("ranks", "", "print('magic', rank * 7)")
+    out = capsys.readouterr().out
+    assert "[rank 0] magic 0" in out and "[rank 1] magic 7" in out, out
+
+
 def test_an_error_on_one_rank_shows_its_traceback_and_the_pool_stays_usable(pool, capsys):
     from coursekit.pool import RankError
 
