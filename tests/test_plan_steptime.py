@@ -333,3 +333,178 @@ def test_expert_parallel_all_to_alls_four_per_layer():
     assert p.exposed_s["ep"] == pytest.approx(2 * 2 * call(0.5, T * 2 * 64 * 2, 4), rel=1e-12)
     assert "ep" not in predict(moe, Layout(dp_replicate=2, micro_batch=MB), cluster(2), seq=SEQ,
                                global_batch=16).exposed_s
+
+
+# -- more of the stated rules: whole-step bookkeeping, other shapes, the overlap windows ------------------------------
+def _parts(p):
+    """The step as the module states it: compute + exposed communication + bubble + optimizer + host work."""
+    return p.compute_s + sum(p.exposed_s.values()) + p.bubble_s + p.optimizer_s + p.host_s
+
+
+def test_json_row_and_per_gpu_rates_of_a_two_gpu_step():
+    p = predict(SHAPE, Layout(dp_replicate=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=16)
+    assert type(p.microbatches) is int and p.microbatches == 2  # 16 / (2 x 4): a count, printed as one
+    assert p.to_dict() == {"step_time_s": p.step_time_s, "compute_s": p.compute_s, "bubble_s": p.bubble_s,
+                           "exposed_s": p.exposed_s, "optimizer_s": p.optimizer_s, "host_s": p.host_s,
+                           "microbatches": 2, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
+                           "hfu": p.hfu, "links": {"dp": "nvlink"}}
+    # 16 x 256 tokens per step over 2 GPUs; MFU / HFU: the step's FLOPs over 2 GPUs x 1 TFLOP/s
+    assert p.tokens_per_s_per_gpu == pytest.approx(16 * SEQ / p.step_time_s / 2, rel=1e-12)
+    assert p.mfu == pytest.approx(flops_per_step(SHAPE, 16, SEQ)["total"] / (p.step_time_s * 2e12), rel=1e-12)
+    assert p.hfu == pytest.approx(p.mfu, rel=1e-12)  # no recompute
+    eager = predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, attention="eager")
+    e_fwd = 2 * 16 * (2 * 256 * 16 * 256 / 1e12) + 6 * 16 * 256 * 256 * 2 / 1e12
+    assert eager.compute_s == pytest.approx(2 * (4 * (3 * G + 3 * e_fwd + E) + HEAD), rel=1e-12)
+
+
+def test_tp_step_compute_splits_the_head_and_sp_the_hidden_vectors():
+    # tp 2 with SP: the layer as in test_tensor_parallel_layer...; the head's GEMM and its loss over V/2 = 128
+    g2, e2_sp = 2 * T * 18432 / 1e12, T * (32 * 64 / 2 + 8 * 64) * 2 / 1e12
+    head2 = 3 * 2 * T * 64 * 128 / 1e12 + 6 * T * 128 * 4 / 1e12
+    p = predict(SHAPE, Layout(tp=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=8)
+    assert p.compute_s == pytest.approx(2 * (4 * (3 * g2 + 3.5 * A / 2 + e2_sp) + head2), rel=1e-12)
+    assert p.step_time_s == pytest.approx(_parts(p), rel=1e-12)
+    # tp 2 x cp 2: the TP all-reduce carries this rank's 4 x 128 tokens; the ring's K/V are 1 head per TP rank
+    tc = predict(SHAPE, Layout(tp=2, cp=2, micro_batch=MB, sp=False), cluster(4), seq=SEQ, global_batch=8)
+    assert tc.exposed_s["tp"] == pytest.approx(2 * 4 * call(1, 4 * 128 * 64 * 2, 4), rel=1e-12)
+    ring = call(1, 2 * 512 * 1 * 16 * 2)  # K and V: 512 tokens x 1 head x 16, bf16
+    a2 = A / 2 / 2  # cp 2 and tp 2 each halve the flash FLOPs
+    assert tc.exposed_s["cp"] == pytest.approx(2 * 4 * (max(0, ring - a2) + max(0, 2 * ring - 2.5 * a2)), rel=1e-12)
+    # Ulysses under tp 2: 2 query heads per TP rank in the q / out send buffer, 1 K/V head
+    tu = predict(SHAPE, Layout(tp=2, cp=2, cp_impl="ulysses", micro_batch=MB), cluster(4), seq=SEQ, global_batch=8)
+    q_bytes = 512 * 2 * 16 * 2 * 2
+    assert tu.exposed_s["cp"] == pytest.approx(
+        2 * 4 * 2 * (call(0.5, 2 * q_bytes) + call(0.5, 2 * 512 * 16 * 2 * 2)), rel=1e-12)
+
+
+def test_a_longer_ring_sends_cp_minus_1_blocks():
+    # cp 4: 256 tokens per rank, 3 ring steps of 2·256·2·16·2 = 32,768 B each way, against A/4 of attention
+    p = predict(SHAPE, Layout(cp=4, micro_batch=MB), cluster(4), seq=SEQ, global_batch=8)
+    ring = call(1, 32768, 3)
+    assert p.exposed_s["cp"] == pytest.approx(2 * 4 * (max(0, ring - A / 4) + max(0, 2 * ring - 2.5 * A / 4)),
+                                              rel=1e-12)
+    # the gradients of CP ranks (same weights) reduce over them: DDP's all-reduce over the 4 CP ranks (busbw 2·3/4)
+    assert p.exposed_s["dp"] == pytest.approx(call(1.5, STAGE_PARAMS * 4), rel=1e-12)
+    assert p.step_time_s == pytest.approx(_parts(p), rel=1e-12)
+    # FSDP2 over cp alone shards the optimizer step over the 2 CP ranks
+    f = predict(SHAPE, Layout(cp=2, engine="fsdp2", micro_batch=MB), cluster(2), seq=SEQ, global_batch=8)
+    assert f.optimizer_s == pytest.approx(OPT / 2, rel=1e-12)
+
+
+def test_a_gpt2_layer_has_one_mlp_input_gemm():
+    gpt = ModelShape(arch="gpt2", layers=4, hidden=64, heads=4, vocab=256, max_positions=512)  # ffn 4h = 256
+    # K·N: c_attn 64·(4+2·4)·16 = 12,288, c_proj 4,096, c_fc 64·256 = 16,384, mlp c_proj 256·64 = 16,384 -> 49,152
+    layer, _, _ = _layer_time(gpt, Layout(micro_batch=MB), TOY, t=T, seq=SEQ, act=2, dtype="bf16", attention="flash",
+                              sp=False)
+    e = T * (32 * 64 + 8 * 256) * 2 / 1e12
+    assert layer == pytest.approx(3 * 2 * T * 49152 / 1e12 + 3.5 * A + e, rel=1e-12)
+
+
+MOE = ModelShape(arch="llama", family="mixtral", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256,
+                 max_positions=512, experts=4, top_k=2)  # expert ffn 128
+
+
+def test_an_moe_layer_runs_router_and_grouped_expert_gemms_over_t_times_k_rows():
+    # K·N per token: q,k,v 8192 + o 4096 + router 64·4 = 256; per (token, choice) row, 2t = 2048 rows:
+    # gate+up 64·256 = 16384, down 128·64 = 8192; element-wise over top_k x 128 = 256 MLP-width per token
+    layer, _, _ = _layer_time(MOE, Layout(micro_batch=MB), TOY, t=T, seq=SEQ, act=2, dtype="bf16",
+                              attention="flash", sp=False)
+    g = 2 * T * (8192 + 4096 + 256) / 1e12 + 2 * (2 * T) * (16384 + 8192) / 1e12
+    e = T * (32 * 64 + 8 * 256) * 2 / 1e12
+    assert layer == pytest.approx(3 * g + 3.5 * A + e, rel=1e-12)
+
+
+def test_expert_parallel_params_reduce_and_shard():
+    # ep 2: each rank holds half of a layer's 98,304 expert parameters: 12,672 dense + 49,152 = 61,824 per layer;
+    # the last stage 2 x 61,824 + 16,448 = 140,096. DDP all-reduces their fp32 gradients over the 2 dp ranks
+    p = predict(MOE, Layout(dp_replicate=2, ep=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=16)
+    assert p.exposed_s["dp"] == pytest.approx(call(1, 140096 * 4), rel=1e-12)
+    assert p.links == {"dp": "nvlink", "ep": "nvlink"}
+    assert p.step_time_s == pytest.approx(_parts(p), rel=1e-12)
+    assert p.optimizer_s == pytest.approx(140096 * 32 / 1e12, rel=1e-12)  # replicated step
+    # FSDP2 shards the step over dp 2; the expert slices count ep times (both slices' holders are the shard ranks):
+    # 140,096 + (2 - 1) x 2 layers x 49,152 = 238,400, over 2
+    f = predict(MOE, Layout(dp_shard=2, engine="fsdp2", ep=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=16)
+    assert f.optimizer_s == pytest.approx(238400 / 2 * 32 / 1e12, rel=1e-12)
+    # a dense model has no all-to-alls, whatever ep says
+    assert predict(SHAPE, Layout(dp_replicate=2, ep=2, micro_batch=MB), cluster(2), seq=SEQ,
+                   global_batch=16).exposed_s["ep"] == 0
+
+
+def test_pipeline_links_and_a_tp_send_without_sp():
+    p = predict(SHAPE, Layout(pp=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=8)
+    assert p.links == {"pp": "nvlink"} and p.step_time_s == pytest.approx(_parts(p), rel=1e-12)
+    net = Network(name="toy-net", bw_per_gpu=1e9, collectives=TOY.collectives)  # the network priced as NVLink
+    far = predict(SHAPE, Layout(pp=2, micro_batch=MB), Cluster(TOY, net, 2, 1), seq=SEQ, global_batch=8)
+    assert far.links == {"pp": "network"}  # one GPU per node: the stages sit on two nodes
+    # tp 2 without SP still scatters the send over the TP ranks
+    q = predict(SHAPE, Layout(pp=2, tp=2, sp=False, micro_batch=MB), cluster(4), seq=SEQ, global_batch=8)
+    assert q.exposed_s["pp"] == pytest.approx(2 * call(1, T * 64 * 2 / 2, 2), rel=1e-12)
+
+
+def test_the_per_tensor_optimizer_loop_pays_dtensor_dispatch_on_torch_native_composition():
+    hw = replace(TOY, optimizer_ops_per_tensor=9, kernel_floor_s=1e-6)
+    loop = lambda tensors: tensors * (9 * 1e-6 + 7 * 10e-6)  # noqa: E731  9 kernels + 7 DTensor ops per tensor
+    # DDP over TP (38 tensors, each half the size) or over PP (the last stage: 2 layers x 9 + 2 = 20 tensors)
+    tp = predict(SHAPE, Layout(tp=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=8)
+    assert tp.optimizer_s == pytest.approx((4 * 18560 + 8256) * 32 / 1e12 + loop(38), rel=1e-12)
+    pp = predict(SHAPE, Layout(pp=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=8)
+    assert pp.optimizer_s == pytest.approx((2 * PER_LAYER + LAST) * 32 / 1e12 + loop(20), rel=1e-12)
+    # DeepSpeed steps flat partitions: no DTensor, even over TP
+    ds = predict(SHAPE, Layout(tp=2, engine="deepspeed", zero=1, micro_batch=MB), cluster(2, hw), seq=SEQ,
+                 global_batch=8)
+    assert ds.optimizer_s == pytest.approx((4 * 18560 + 8256) * 32 / 1e12 + 38 * 9e-6, rel=1e-12)
+
+
+def test_dp_over_tp_reduces_this_ranks_shard_and_zero3_adds_hooks_to_dtensor_work():
+    # tp 2: a layer's local parameters 64 + 2048 (q) + 2048 (k, v: 1 head) + 2048 (o) + 64 + 8192 + 4096 = 18,560;
+    # last stage 64 + 8192: 82,496 per rank, their fp32 gradients all-reduced over dp 2
+    p = predict(SHAPE, Layout(dp_replicate=2, tp=2, micro_batch=MB), cluster(4), seq=SEQ, global_batch=16)
+    assert p.exposed_s["dp"] == pytest.approx(call(1, (4 * 18560 + 8256) * 4), rel=1e-12)
+    hw = replace(TOY, overlap=0.0, zero3_hook_s=1e-4, dtensor_op_s=1e-3)
+    z3 = predict(SHAPE, Layout(dp_replicate=2, tp=2, engine="deepspeed", zero=3, micro_batch=MB), cluster(4, hw),
+                 seq=SEQ, global_batch=16)
+    assert z3.host_s == pytest.approx(2 * (4 * 144e-3 + 38 * 1e-4), rel=1e-12)  # SP's 144 DTensor ops + hooks
+
+
+def test_overlap_windows_of_gradient_reduces_and_fsdp_gathers():
+    # a model whose fp32 gradients span buckets: 2 layers of h 1024 (8 heads of 128, MHA, ffn 2048), vocab 256:
+    # 2·1024 + 4·1024² + 3·1024·2048 = 10,487,808 per layer; last stage 1024 + 256·1024: 21,238,784 parameters
+    big = ModelShape(arch="llama", layers=2, hidden=1024, heads=8, kv_heads=8, ffn=2048, vocab=256, max_positions=512)
+    grads = 21238784 * 4  # 84,955,136 B: > one 25 MiB DDP bucket, < one 2e9 B DeepSpeed bucket
+    red = call(1, grads)
+    for overlap in (1.0, 0.1):
+        hw = replace(TOY, overlap=overlap)
+        p = predict(big, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
+        window = overlap * (p.compute_s / 2) * 2 / 3  # backward: 2/3 of a micro-batch's compute
+        # at least the last 25 MiB bucket; with a short window what does not fit in it
+        assert p.exposed_s["dp"] == pytest.approx(max(red * 25 * 2**20 / grads, red - window), rel=1e-12)
+        assert (overlap == 1.0) == (red * 25 * 2**20 / grads > red - window)  # each branch taken once
+        z1 = predict(big, Layout(dp_replicate=2, engine="deepspeed", zero=1, micro_batch=MB), cluster(2, hw),
+                     seq=SEQ, global_batch=16)
+        z_red = call(0.5, grads)  # one DeepSpeed bucket: nothing reduces before the last one
+        assert z1.exposed_s["dp"] == pytest.approx(z_red + call(0.5, 21238784 * 2), rel=1e-12)
+    # FSDP2 on a slow link (1 MB/s): the gathers and reduces outlast the compute; exposed what it does not cover
+    slow = replace(TOY, collectives={op: (ALPHA, 1e6) for op in TOY.collectives})
+    f = predict(SHAPE, Layout(dp_shard=2, engine="fsdp2", micro_batch=MB), cluster(2, slow), seq=SEQ, global_batch=16)
+    comm = 8 * (ALPHA + PER_LAYER * 2 * 0.5 / 1e6) + 4 * (ALPHA + PER_LAYER * 4 * 0.5 / 1e6)
+    assert f.exposed_s["dp"] == pytest.approx(2 * (comm - f.compute_s / 2), rel=1e-12)
+
+
+def test_zero3_reduces_in_2e9_byte_buckets_and_hsdp_divides_by_the_shard_group():
+    # 4 layers of h 4096 (32 heads, MHA, ffn 8192), vocab 256: 2·4096 + 4·4096² + 3·4096·8192 = 167,780,352 per
+    # layer, last stage 4096 + 256·4096: 672,174,080 parameters; fp32 gradients 2.69e9 B: 2 buckets
+    big = ModelShape(arch="llama", layers=4, hidden=4096, heads=32, kv_heads=32, ffn=8192, vocab=256,
+                     max_positions=512)
+    n = 672174080
+    hw = replace(TOY, overlap=0.0, zero3_hook_s=0.0)
+    p = predict(big, Layout(dp_replicate=2, engine="deepspeed", zero=3, micro_batch=MB), cluster(2, hw), seq=SEQ,
+                global_batch=16)
+    comm = call(0.5, n / 38 * 2, 76) + call(0.5, n / 2 * 4, 2)  # 38 tensors fetched twice; 2 half-size reduces
+    assert p.exposed_s["dp"] == pytest.approx(2 * comm, rel=1e-12)
+    # HSDP with one GPU per node (the network priced as the toy link): the shard group still has 2 members
+    net = Network(name="toy-net", bw_per_gpu=1e9, collectives=TOY.collectives)
+    h = predict(SHAPE, Layout(dp_replicate=2, dp_shard=2, engine="fsdp2", micro_batch=MB),
+                Cluster(replace(TOY, overlap=0.0), net, 4, 1), seq=SEQ, global_batch=32)
+    comm = call(0.5, PER_LAYER * 2, 8) + call(0.5, PER_LAYER * 4, 4) + call(1, PER_LAYER * 4 / 2, 4)
+    assert h.exposed_s["dp"] == pytest.approx(2 * comm, rel=1e-12)
