@@ -273,6 +273,16 @@ def test_fused_qwen3_layer_term_by_term():
     assert r.stage_bytes(3, first=False, last=True) == 3 * L + S + H
 
 
+def test_hf_qk_norms_keep_fp32_copies_per_head():
+    """HF's Qwen3RMSNorm over each head, in Python: x.float() (fp32 copy), one fp32 rsqrt per head and token, the
+    normalized tensor in bf16 (its weight-scaled output goes to RoPE, which saves only cos and sin)."""
+    r = activation_bytes(qwen3(), 2, 32)
+    assert {k: v for k, v in r.per_layer.items() if k.startswith(("attn.q_norm", "attn.k_norm"))} == {
+        "attn.q_norm.input_fp32": 4 * 64 * 4 * 16, "attn.q_norm.rsqrt_fp32": 4 * 64 * 4,
+        "attn.q_norm.normalized": 2 * 64 * 4 * 16, "attn.k_norm.input_fp32": 4 * 64 * 2 * 16,
+        "attn.k_norm.rsqrt_fp32": 4 * 64 * 2, "attn.k_norm.normalized": 2 * 64 * 2 * 16}
+
+
 def test_gpt2_on_cuda_with_dropout_term_by_term():
     """hf + cuda, bf16, eager, dropout 0.1 everywhere: 1-byte dropout masks, LayerNorm's fp32 mean and rstd, GPT-2's
     softmax in bf16, its q, kᵀ, v copied for the batched matmuls, gelu_new's four saved ffn tensors (ffn 256)."""
