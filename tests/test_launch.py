@@ -273,3 +273,22 @@ def test_sigterm_to_the_caller_stops_every_process(tmp_path):
     assert caller.wait(timeout=60) == 128 + signal.SIGTERM
     gone, alive = psutil.wait_procs(kids, timeout=30)
     assert not alive, f"left behind: {[p.pid for p in alive]}"
+
+
+def test_a_quiet_launch_in_a_notebook_says_when_each_run_starts_and_ends(monkeypatch, capsys):
+    """A notebook cell that runs several quiet launches (the labs' helpers: stream=False) shows one line as each
+    starts (target, ranks, layout flags) and one as it ends; outside a kernel (tests, CLIs) nothing is printed."""
+    import sys
+    import types
+
+    from coursekit import launch as L
+
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert L._notebook_progress("coursekit.train", [], 2) is None
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    say = L._notebook_progress("coursekit.train", ["--model", "m.json", "--strategy", "hsdp", "--dp-replicate", 2,
+                                                   "--quiet"], 4)
+    say("done in 12.3 s")
+    assert capsys.readouterr().out.splitlines() == [
+        "[launch] coursekit.train on 4 rank(s) --strategy hsdp --dp-replicate 2 …",
+        "[launch] coursekit.train: done in 12.3 s"]
