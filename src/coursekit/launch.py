@@ -283,8 +283,9 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
 
 def _notebook_progress(target: str, args, nproc: int):
     """In a notebook kernel (ipykernel loaded): print that a quiet launch starts, and return how to say it ended,
-    so a cell that launches several jobs shows one line per run as it goes. None elsewhere (tests, CLIs)."""
-    if "ipykernel" not in sys.modules:
+    so a cell that launches several jobs shows one line per run as it goes. None elsewhere (tests, CLIs) and under
+    grading (``COURSEKIT_PROGRESS=0``, set by ``coursekit.course.grading``: a graded cell's output is the lab's)."""
+    if "ipykernel" not in sys.modules or os.environ.get("COURSEKIT_PROGRESS") == "0":
         return None
     what = Path(target).name if target.endswith(".py") else target
     a = [str(x) for x in args]

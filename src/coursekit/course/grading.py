@@ -86,11 +86,13 @@ def kill_descendants(keep: set[int] = frozenset()) -> int:
 
 
 def student_env() -> dict:
-    """Environment for student code: one thread per process, no batch bookkeeping variables. No MPLBACKEND: the
+    """Environment for student code: one thread per process, no batch bookkeeping variables, no launch progress
+    lines (``coursekit.launch``: a graded cell's output is the lab's own). No MPLBACKEND: the
     kernel keeps its inline backend, so the feedback shows the student's figures (a plain process without a display
     falls back to Agg by itself)."""
     env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV and k != "MPLBACKEND"}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env["COURSEKIT_PROGRESS"] = "0"  # graded cells print what the lab prints, no launch progress lines
     bindir = os.path.dirname(sys.executable)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     return env
