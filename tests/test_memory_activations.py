@@ -360,9 +360,9 @@ def test_cuda_math_path_and_efficient_kernel():
     (dict(dtype="fp16", kv_heads=4), "flash"),
 ])
 def test_which_attention_kernel_runs(kw, kernel):
-    shape_kw = {k: kw.pop(k) for k in ("head_dim", "kv_heads") if k in kw}
-    shape = family("llama", 64, 4, shape_kw.get("kv_heads", 2), 128, d=shape_kw.get("head_dim"))
-    assert activation_bytes(shape, 1, 32, **kw).attention_kernel == kernel
+    run = {k: v for k, v in kw.items() if k not in ("head_dim", "kv_heads")}  # (the parameters stay as given)
+    shape = family("llama", 64, 4, kw.get("kv_heads", 2), 128, d=kw.get("head_dim"))
+    assert activation_bytes(shape, 1, 32, **run).attention_kernel == kernel
 
 
 def test_context_parallel_ring_and_ulysses_terms():
@@ -463,8 +463,8 @@ def test_moe_terms_grouped_mm_and_dispatch():
 ])
 def test_unmodelled_input_is_refused_naming_the_value(shape, kw, needles):
     from coursekit.memory.errors import ConfigError
-    seq = kw.pop("seq", 32)
+    run = {k: v for k, v in kw.items() if k != "seq"}  # (the parameters stay as given)
     with pytest.raises(ConfigError) as e:
-        activation_bytes(shape, 2, seq, **kw)
+        activation_bytes(shape, 2, kw.get("seq", 32), **run)
     for n in needles:
         assert n in str(e.value)
