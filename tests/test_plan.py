@@ -482,3 +482,39 @@ def test_attention_flag_selects_the_kernel_memory_and_time(capsys):
     assert out["eager"]["step_time_s"] > out["sdpa"]["step_time_s"]
     with pytest.raises(SystemExit):  # argparse: not one of the choices
         main(["--model", "llama3-8b", "--gpus", "8", "--seq", "4096", "--global-batch", "32", "--attention", "flash"])
+
+
+def test_a_prediction_outside_the_checked_runs_says_so():
+    """``unchecked`` names each regime no published run behind the model covers, worked case by case: exposed
+    communication over 30 % of the step (31 of 100 ms: flagged; 30 of 100: not), sharded data parallelism without
+    TP/PP beyond 64 GPUs (fsdp2 dp128: flagged; dp64, or dp128 with tp2: not), context parallelism, experts."""
+    from coursekit.plan.search import unchecked
+    from coursekit.plan.steptime import Prediction
+
+    def pred(exposed_ms):
+        return Prediction(step_time_s=0.1, compute_s=0.1 - exposed_ms / 1e3, bubble_s=0.0,
+                          exposed_s={"dp": exposed_ms / 1e3}, optimizer_s=0.0, host_s=0.0, microbatches=1,
+                          tokens_per_s_per_gpu=1.0, mfu=0.5, hfu=0.5)
+
+    dense, moe = preset("llama3-8b"), preset("qwen3-30b-a3b")
+    assert unchecked(dense, Layout(dp_replicate=8), pred(30)) == ()
+    assert unchecked(dense, Layout(dp_replicate=8), pred(31)) == (
+        "exposed communication 31% of the step (checked runs: <= 30%)",)
+    fsdp = Layout(dp_shard=128, engine="fsdp2")
+    assert unchecked(dense, fsdp, pred(0)) == (
+        "sharded data parallelism over 128 GPUs without TP or PP (checked up to 64)",)
+    assert unchecked(dense, Layout(dp_shard=64, engine="fsdp2"), pred(0)) == ()
+    assert unchecked(dense, Layout(dp_shard=128, engine="fsdp2", tp=2), pred(0)) == ()
+    assert unchecked(dense, Layout(dp_replicate=128, engine="deepspeed", zero=3), pred(0))[0].startswith("sharded")
+    assert unchecked(dense, Layout(dp_replicate=128, engine="deepspeed", zero=2), pred(0)) == ()  # not ZeRO-3
+    assert unchecked(moe, Layout(dp_replicate=4, cp=2), pred(0)) == (
+        "context parallelism (no published run checked)", "a mixture of experts (no published run checked)")
+    # and the planner's own rows carry it, in the table and in --json
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", "plan", "--model", "llama3-8b", "--gpus", "512",
+                          "--seq", "4096", "--global-batch", "1024", "--top", "1", "--json"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    row, L = json.loads(out.stdout)[0], json.loads(out.stdout)[0]["layout"]
+    assert ("context parallelism (no published run checked)" in row["unchecked"]) == (L["cp"] > 1)
+    wide_fsdp = L["engine"] == "fsdp2" and L["tp"] == L["pp"] == 1 and L["dp_shard"] * L["dp_replicate"] > 64
+    assert any(u.startswith("sharded data parallelism") for u in row["unchecked"]) == wide_fsdp

@@ -56,6 +56,8 @@ def _table(cands, best) -> str:
         rows.append(f"{i:>2} {c.layout.short():<44} {'yes' if c.fits else 'NO':>4} {c.peak_bytes / GiB:>6.1f} "
                     f"{p.step_time_s:>8.3f} {p.tokens_per_s_per_gpu:>10.0f} {p.mfu:>6.1%}")
         rows.append(f"   why: {explain(c, best)}")
+        if c.unchecked:  # outside what the published runs behind the model cover
+            rows.append(f"   unchecked: {'; '.join(c.unchecked)}")
     return "\n".join(rows)
 
 

@@ -47,6 +47,8 @@ class Candidate:
     prediction: Prediction
     peak_bytes: int
     capacity_bytes: int
+    unchecked: tuple[str, ...] = ()
+    """Where this prediction lies outside what the published runs behind it cover (``unchecked``)."""
 
     @property
     def fits(self) -> bool:
@@ -56,7 +58,30 @@ class Candidate:
         p = self.prediction
         return {"layout": self.layout.to_dict(), "strategy": self.layout.strategy, "summary": self.layout.short(),
                 "fits": self.fits, "peak_bytes": self.peak_bytes, "capacity_bytes": self.capacity_bytes,
-                **p.to_dict()}
+                "unchecked": list(self.unchecked), **p.to_dict()}
+
+
+# What the published runs of bench/bench_planner.py cover: their exposed communication stays under 30 % of the step;
+# sharded data parallelism without TP/PP is checked up to 64 GPUs (MPT-70B; issue 29 found larger published runs
+# bandwidth-bound, which the model does not predict); no published run uses context parallelism or experts.
+CHECKED_EXPOSED_COMM = 0.30
+CHECKED_SHARDED_DP = 64
+
+
+def unchecked(shape, L: Layout, p: Prediction) -> tuple[str, ...]:
+    """The regimes of this prediction that no checked published run covers, each in words (empty: covered)."""
+    out = []
+    exposed = sum(p.exposed_s.values()) / p.step_time_s
+    if exposed > CHECKED_EXPOSED_COMM:
+        out.append(f"exposed communication {exposed:.0%} of the step (checked runs: <= {CHECKED_EXPOSED_COMM:.0%})")
+    sharded = (L.engine == "fsdp2" and L.dp_shard > 1) or (L.engine == "deepspeed" and L.zero == 3)
+    if sharded and L.tp == L.pp == 1 and L.dp > CHECKED_SHARDED_DP:
+        out.append(f"sharded data parallelism over {L.dp} GPUs without TP or PP (checked up to {CHECKED_SHARDED_DP})")
+    if L.cp > 1:
+        out.append("context parallelism (no published run checked)")
+    if shape.is_moe:
+        out.append("a mixture of experts (no published run checked)")
+    return tuple(out)
 
 
 def make_cluster(gpus: int, gpus_per_node: int, gpu="H100-80GB", network="ib-400", hw: Hardware | None = None,
@@ -98,7 +123,7 @@ class _Evaluator:
     def candidate(self, L: Layout) -> Candidate:
         p = predict(self.shape, L, self.cluster, seq=self.seq, global_batch=self.B, dtype=self.dtype,
                     attention=self.attention)
-        return Candidate(L, p, self.peak(L), self.capacity)
+        return Candidate(L, p, self.peak(L), self.capacity, unchecked(self.shape, L, p))
 
 
 def _check(shape, L: Layout, seq: int) -> None:
