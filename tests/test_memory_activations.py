@@ -468,3 +468,55 @@ def test_unmodelled_input_is_refused_naming_the_value(shape, kw, needles):
         activation_bytes(shape, 2, kw.get("seq", 32), **run)
     for n in needles:
         assert n in str(e.value)
+
+
+def test_dropout_overrides_and_what_each_architecture_drops():
+    # dropout= overrides the shape's rates: GPT-2 (rates 0 here) then keeps its residual and embedding masks
+    # (1 byte per element on CUDA); Llama has attention dropout only, whatever the override says
+    g = activation_bytes(gpt2(64, 4), 2, 32, dropout=0.1)
+    assert g.per_layer["attn_resid_dropout.mask"] == 64 * 64 and g.embed["embedding_dropout.mask"] == 64 * 64
+    ll = activation_bytes(qwen3(), 2, 32, dropout=0.1, attention="eager")
+    assert "attn_resid_dropout.mask" not in ll.per_layer and "embedding_dropout.mask" not in ll.embed
+    assert ll.per_layer["attn.dropout_mask"] == 2 * 4 * 32 * 32
+
+
+def test_llama_eager_softmax_and_mqa_views_by_name():
+    """Llama's eager attention: softmax in fp32, then the bf16 probabilities feed ·V. With one K/V head and one
+    sequence, the repeated K and V stay stride-0 views of the single head (what the measured grid shows at 6 heads):
+    here 2 query heads, so k and v pin b·s·1·d, not b·s·2·d."""
+    r = activation_bytes(family("llama", 32, 2, 1, 64), 1, 32, attention="eager", kernels="cpu")
+    ss = 1 * 2 * 32 * 32
+    assert r.per_layer["attn.softmax_fp32"] == 4 * ss and r.per_layer["attn.probs"] == 2 * ss
+    assert r.per_layer["attn.k_matmul"] == r.per_layer["attn.v_matmul"] == 2 * 32 * 1 * 16
+    assert r.per_layer["attn.q_matmul"] == 2 * 32 * 2 * 16
+
+
+def test_what_is_accepted_where_a_check_could_overreach():
+    # sp at tp 1 is no sequence parallelism: accepted for an MoE model, the bytes those of sp off
+    assert activation_bytes(mixtral(), 2, 32, sp=True).per_layer == activation_bytes(mixtral(), 2, 32).per_layer
+    # cp_impl without cp: nothing to split, selective recompute is modelled
+    assert activation_bytes(qwen3(), 2, 32, cp_impl="ulysses", recompute="selective").per_layer == \
+        activation_bytes(qwen3(), 2, 32, recompute="selective").per_layer
+    # Ulysses over 3 ranks: 6 query heads split; 1 K/V head (< 3) is replicated: accepted
+    mqa = family("llama", 96, 6, 1, 128)
+    assert activation_bytes(mqa, 1, 96, cp=3, cp_impl="ulysses", kernels="cuda").attention_kernel == "flash"
+    # a flash Ulysses log-sum-exp keeps exactly S = 66 rows (only the memory-efficient kernel pads to 32)
+    uly = activation_bytes(family("llama", 64, 4, 4, 128), 2, 66, cp=2, cp_impl="ulysses", kernels="cuda")
+    assert uly.per_layer["attn.logsumexp_fp32"] == 4 * 2 * 2 * 66
+
+
+@pytest.mark.parametrize("shape,kw,needles", [
+    # 6 query heads over cp 4 do not split, even though the 2 K/V heads divide 4
+    (family("llama", 96, 6, 2, 128), dict(seq=32, cp=4, cp_impl="ulysses"),
+     ["cp (4) must divide the query heads per TP rank (6)"]),
+    # an MoE model with seq 66 over cp 4: refused for seq % cp first (66 // 4 = 16 would split over tp 2)
+    (mixtral(), dict(seq=66, cp=4, tp=2), ["seq (66) must be divisible by cp (4)"]),
+    (qwen3(activation="mish"), dict(seq=32), ["known: silu, swish, gelu"]),
+])
+def test_refusals_name_what_is_wrong_and_what_is_allowed(shape, kw, needles):
+    from coursekit.memory.errors import ConfigError
+    run = {k: v for k, v in kw.items() if k != "seq"}
+    with pytest.raises(ConfigError) as e:
+        activation_bytes(shape, 2, kw["seq"], kernels="cuda", **run)
+    for n in needles:
+        assert n in str(e.value)
