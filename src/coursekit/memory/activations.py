@@ -201,7 +201,7 @@ def _check(shape, seq: int, *, dtype, attention, impl, kernels, recompute, dropo
         raise ConfigError(f"tp ({tp}) must divide heads ({shape.heads}) and ffn ({shape.ffn}), and divide or be "
                           f"a multiple of kv_heads ({shape.kv_heads})")
     if sp and tp == 1:
-        sp = False
+        sp = False  # pragma: no mutate (equivalent: at tp 1, sp only divides token counts by tp = 1)
     if sp and seq // cp % tp:
         raise ConfigError(f"sequence parallelism needs seq/cp ({seq // cp}) divisible by tp ({tp})")
     p_attn = shape.attn_dropout if dropout is None else dropout
@@ -239,7 +239,7 @@ def _norm(shape, prefix: str, *, impl, P, stat, h, n_res, n_lin) -> dict[str, in
 
 def _mlp(shape, *, P, n, f) -> dict[str, int]:
     """What the MLP saves on one TP rank (``f``: its FFN slice)."""
-    saves = ACTIVATION_SAVES.get(shape.activation, 1)
+    saves = ACTIVATION_SAVES.get(shape.activation, 1)  # pragma: no mutate (equivalent: _check refuses others)
     if shape.mlp == "swiglu":  # act(gate(x)) * up(x) -> down
         return {"mlp.activation_saved": saves * P * n * f,  # the gate output (and any act internals)
                 "mlp.act_out": P * n * f,  # saved by the multiply
@@ -301,7 +301,7 @@ _RNG_STATE = {"flash": 24, "efficient": 16}
 
 
 def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, mask, p_attn, cuda,
-               ulysses=0) -> dict[str, int]:
+               ulysses=0) -> dict[str, int]:  # pragma: no mutate (equivalent: the one caller passes ulysses)
     """The attention block between the norm output and o_proj's saved input (``ulysses``: its degree C, or 0)."""
     t: dict[str, int] = {}
     if ulysses and kernel in ("flash", "efficient"):  # the local kernel sees a/C heads of all S = s·C tokens
