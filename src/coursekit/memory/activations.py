@@ -301,7 +301,7 @@ _RNG_STATE = {"flash": 24, "efficient": 16}
 
 
 def _attention(shape, kernel, recompute, *, P, n, a, k, d, h, tp, ss, batch, s, mask, p_attn, cuda,
-               ulysses=0) -> dict[str, int]:  # pragma: no mutate (equivalent: the one caller passes ulysses)
+               ulysses=0) -> dict[str, int]:
     """The attention block between the norm output and o_proj's saved input (``ulysses``: its degree C, or 0)."""
     t: dict[str, int] = {}
     if ulysses and kernel in ("flash", "efficient"):  # the local kernel sees a/C heads of all S = s·C tokens
