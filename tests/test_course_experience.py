@@ -292,3 +292,15 @@ def test_a_failed_hidden_test_says_what_failed_without_its_inputs():
     assert "3 ranks: wrong sum for a tensor of … elements" in page  # the property, without the input
     assert "1001" not in page and "3000" not in page
     assert "failed: 0 / 2 points" in page
+
+
+def test_feedback_notes_are_listed_once_each():
+    """A hang reported by two test cells (or a load error seen twice) is one note, in the order first seen."""
+    from coursekit.course.feedback import summary_markdown
+
+    row = {"lab": "exp", "student": "eve", "score": 1, "max_score": 2}
+    notes = ["plan: your function did not return within 30 s", "loading: NameError x",
+             "plan: your function did not return within 30 s"]
+    md = summary_markdown(row, {"tests": [], "notes": notes})
+    bullets = [ln for ln in md.splitlines() if ln.startswith("- ")]
+    assert bullets == ["- plan: your function did not return within 30 s", "- loading: NameError x"]

@@ -193,7 +193,7 @@ def summary_markdown(row: dict, recheck: dict | None, lab: Lab | None = None) ->
         lines += ["", "| exercise | points |", "|---|---|"]
         lines += [f"| {name} | {p:g} / {m:g} |" for name, (p, m) in per.items()]
         if recheck.get("notes"):
-            lines += ["", "Notes:"] + [f"- {html.escape(n)}" for n in recheck["notes"]]
+            lines += ["", "Notes:"] + [f"- {html.escape(n)}" for n in dict.fromkeys(recheck["notes"])]  # once each
     text = "\n".join(lines)
     return redact(text, hidden_literals(lab)) if lab is not None else text
 

@@ -161,4 +161,4 @@ def recheck(lab: Lab, submission, *, cwd: str | None = None, env: dict | None = 
                 res.seconds = round(time.monotonic() - t0, 3)
                 results.append(res)
         notes += [f"{e}" for e in student.events]
-    return RecheckResult(lab.name, results, notes)
+    return RecheckResult(lab.name, results, list(dict.fromkeys(notes)))  # each note once, in order
