@@ -35,8 +35,8 @@ MODULES = {
                            "tests/test_memory_activations.py::"
                            "test_saved_bytes_per_cp_rank_equal_coursekit_memory_cp_impl"],
     "memory.pp_order": ["tests/test_pp_models.py"],  # its torch reference test too (orders cached: it clears them)
-    # the step-time model worked out by hand (pure Python, ~2 s): tests/test_plan.py's fast tier runs searches and
-    # CLI calls of minutes under each of the module's mutants
+    # the step-time model worked out by hand (pure Python, ~2 s); tests/test_plan.py's fast tier (searches, CLI
+    # calls: 18 s a run) under each of the module's 942 mutants would take over half an hour
     "plan.steptime": ["tests/test_plan_steptime.py"],
     "pp.bubble": ["tests/test_pp_models.py", "tests/test_pp.py::test_bubble_theory",  # pure Python, no torch
                   "tests/test_pp.py::test_each_schedules_order_with_equal_stages_replays_its_bubble",
