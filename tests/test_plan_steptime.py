@@ -250,6 +250,7 @@ def test_fsdp2_gathers_each_block_twice_and_exposes_the_first_gather_and_last_re
     gather, reduce = call(0.5, PER_LAYER * 2, 8), call(0.5, PER_LAYER * 4, 4)
     p = predict(SHAPE, L, cluster(2), seq=SEQ, global_batch=16)
     assert p.exposed_s["dp"] == pytest.approx(2 * (gather / 8 + reduce / 4), rel=1e-12)  # the rest hides
+    assert p.step_time_s == pytest.approx(_parts(p), rel=1e-12)  # the exposed gathers add to the step
     assert p.optimizer_s == pytest.approx(OPT / 2, rel=1e-12)
     none = predict(SHAPE, L, cluster(2, replace(TOY, overlap=0.0)), seq=SEQ, global_batch=16)
     assert none.exposed_s["dp"] == pytest.approx(2 * (gather + reduce), rel=1e-12)  # nothing hides
@@ -386,6 +387,10 @@ def test_a_longer_ring_sends_cp_minus_1_blocks():
     # the gradients of CP ranks (same weights) reduce over them: DDP's all-reduce over the 4 CP ranks (busbw 2·3/4)
     assert p.exposed_s["dp"] == pytest.approx(call(1.5, STAGE_PARAMS * 4), rel=1e-12)
     assert p.step_time_s == pytest.approx(_parts(p), rel=1e-12)
+    # tp 4 > 2 K/V heads: each TP rank keeps 1 (replicated) and sends it round the ring: 2·512·1·16·2 B
+    q = predict(SHAPE, Layout(tp=4, cp=2, micro_batch=MB, sp=False), cluster(8), seq=SEQ, global_batch=8)
+    ring, a8 = call(1, 32768), A / 2 / 4  # attention: half the rows, a quarter of the heads
+    assert q.exposed_s["cp"] == pytest.approx(2 * 4 * (max(0, ring - a8) + max(0, 2 * ring - 2.5 * a8)), rel=1e-12)
     # FSDP2 over cp alone shards the optimizer step over the 2 CP ranks
     f = predict(SHAPE, Layout(cp=2, engine="fsdp2", micro_batch=MB), cluster(2), seq=SEQ, global_batch=8)
     assert f.optimizer_s == pytest.approx(OPT / 2, rel=1e-12)
