@@ -63,12 +63,15 @@ def test_errors_are_reported_per_call_and_the_process_goes_on(student):
         sp.call("boom")
     assert e.value.kind == "raised" and "ValueError: student bug" in str(e.value)
     assert 'File "<cell code>"' in e.value.traceback and "sandbox" not in e.value.traceback
+    assert isinstance(e.value, ValueError)  # a test's `except ValueError` catches a refusal made in the student's code
+    with pytest.raises(ValueError):
+        sp.call("boom")
     with pytest.raises(StudentError) as e:
         sp.call("opaque")
     assert e.value.kind == "not_plain"
     with pytest.raises(StudentError) as e:
         sp.call("exit_politely")  # SystemExit is just an error of this call
-    assert e.value.kind == "raised"
+    assert e.value.kind == "raised" and not isinstance(e.value, SystemExit)  # never the interpreter's own exits
     assert sp.call("add", (1, 1)) == 2 and sp.starts == 1
 
 

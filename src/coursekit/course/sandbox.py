@@ -45,6 +45,25 @@ class StudentError(Exception):
         self.kind, self.traceback = kind, traceback
 
 
+_RAISED: dict = {}
+
+
+def _raised_as(type_name: str) -> type:
+    """A StudentError that is also the builtin exception the student's code raised (a test's ``except ValueError``
+    catches a refusal made in the student's process); StudentError alone for any other type."""
+    import builtins
+
+    base = getattr(builtins, type_name, None)
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        return StudentError
+    if type_name not in _RAISED:
+        try:
+            _RAISED[type_name] = type(f"Student{type_name}", (StudentError, base), {})
+        except TypeError:  # a builtin whose instance layout cannot be combined (OSError's family)
+            _RAISED[type_name] = StudentError
+    return _RAISED[type_name]
+
+
 def _student_traceback(exc: BaseException) -> str:
     """The traceback without this module's frames (the student needs their own lines only)."""
     tb = exc.__traceback__
@@ -93,7 +112,7 @@ def _serve(req_fd: int, resp_fd: int) -> None:
             value = ns[req["name"]](*args, **kwargs)
         except BaseException as e:  # noqa: BLE001
             send({"id": req["id"], "ok": False, "kind": "raised", "error": f"{type(e).__name__}: {e}".rstrip(": "),
-                  "traceback": _student_traceback(e)})
+                  "type": type(e).__name__, "traceback": _student_traceback(e)})
             continue
         try:
             send({"id": req["id"], "ok": True, "value": wire.encode(value)})
@@ -234,8 +253,9 @@ class StudentProcess:
             self.events.append(f"{name}(...): {e}")
             raise StudentError(f"{name}(...): {e}", kind=e.kind) from None
         if not msg.get("ok"):
-            raise StudentError(f"{name}(...) {'raised ' if msg['kind'] == 'raised' else ''}{msg['error']}",
-                               kind=msg["kind"], traceback=msg.get("traceback", ""))
+            cls = _raised_as(msg.get("type", "")) if msg["kind"] == "raised" else StudentError
+            raise cls(f"{name}(...) {'raised ' if msg['kind'] == 'raised' else ''}{msg['error']}",
+                      kind=msg["kind"], traceback=msg.get("traceback", ""))
         return wire.decode(msg["value"])
 
 
