@@ -42,7 +42,7 @@ def strip_hidden(source: str) -> str:
 
 
 def _region_lines(source: str, begin: str, end: str) -> tuple[list[str], list[str]]:
-    """(lines inside begin/end regions, lines outside), stripped."""
+    """(lines inside begin/end regions, lines outside), as written (indentation kept)."""
     inside_lines, outside_lines, inside = [], [], False
     for ln in source.split("\n"):
         if begin in ln:
@@ -50,7 +50,7 @@ def _region_lines(source: str, begin: str, end: str) -> tuple[list[str], list[st
         elif end in ln:
             inside = False
         else:
-            (inside_lines if inside else outside_lines).append(ln.strip())
+            (inside_lines if inside else outside_lines).append(ln)
     return inside_lines, outside_lines
 
 
@@ -61,6 +61,7 @@ def secret_lines(lab: Lab, begin: str = HIDDEN_BEGIN, end: str = HIDDEN_END) -> 
     secret, visible = set(), set()
     for c in lab.cells:
         inside, outside = _region_lines(c.source, begin, end)
+        inside, outside = [ln.strip() for ln in inside], [ln.strip() for ln in outside]
         secret |= {ln for ln in inside if len(ln) >= _MIN_SECRET}
         visible |= set(outside)
     if begin != HIDDEN_BEGIN:  # solution regions: hidden-test lines are not visible either
@@ -101,27 +102,24 @@ def hidden_literals(lab: Lab) -> set[str]:
     tests, solutions): what a failure message must not show."""
     hidden, visible = [], []
     for c in lab.cells:
-        inside, outside = [], []
-        flag = False
-        for ln in c.source.split("\n"):
-            if HIDDEN_BEGIN in ln:
-                flag = True
-            elif HIDDEN_END in ln:
-                flag = False
-            else:
-                (inside if flag else outside).append(ln)
+        inside, outside = _region_lines(c.source, HIDDEN_BEGIN, HIDDEN_END)
         if inside:
             hidden.append("\n".join(inside))
         visible.append("\n".join(outside))
     text = "\n".join(visible)
     found = set().union(*(_region_literals(h) for h in hidden)) if hidden else set()
-    return {v for v in found if not re.search(rf"(?<![\w.]){re.escape(v)}(?![\w.])", text)}
+    return {v for v in found if not _token(v).search(text)}
+
+
+def _token(v: str) -> re.Pattern:
+    """``v`` as a whole token: not inside a longer name or number."""
+    return re.compile(rf"(?<![\w.]){re.escape(v)}(?![\w.])")
 
 
 def redact(text: str, literals: set[str]) -> str:
     """``text`` with every hidden literal (as a whole token) replaced by an ellipsis."""
     for v in sorted(literals, key=len, reverse=True):
-        text = re.sub(rf"(?<![\w.]){re.escape(v)}(?![\w.])", "…", text)
+        text = _token(v).sub("…", text)
     return text
 
 
