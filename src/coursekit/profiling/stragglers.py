@@ -164,6 +164,13 @@ def noise_test(per_step: dict, *, floor_ms: float) -> dict:
             "named": named, "reason": why}
 
 
+def _gap(per_rank: list[dict], slow: dict) -> tuple[float, float]:
+    """(the others' median wait minus ``slow``'s, the others' median step time without waiting), ms per step."""
+    others = [r for r in per_rank if r is not slow]
+    return (_median([r["wait_ms"] for r in others]) - slow["wait_ms"],
+            _median([r["step_ms"] - r["wait_ms"] for r in others]))
+
+
 def find(per_rank: list[dict], min_ms: float = 2.0, min_frac: float = 0.10, per_step: dict | None = None) -> dict:
     """The straggler among ``per_rank`` ({"rank", "compute_ms", "wait_ms"}), or rank None with the reason.
 
@@ -174,9 +181,7 @@ def find(per_rank: list[dict], min_ms: float = 2.0, min_frac: float = 0.10, per_
     if len(per_rank) < 2:
         return dict(out, reason="one rank: nobody to wait for")
     slow = min(per_rank, key=lambda r: r["wait_ms"])
-    others = [r for r in per_rank if r is not slow]
-    gap = _median([r["wait_ms"] for r in others]) - slow["wait_ms"]
-    base = _median([r["step_ms"] - r["wait_ms"] for r in others])
+    gap, base = _gap(per_rank, slow)
     floor = max(min_ms, min_frac * base)
     out.update(candidate=slow["rank"], gap_ms=gap)
     if per_step is not None:
@@ -188,9 +193,7 @@ def find(per_rank: list[dict], min_ms: float = 2.0, min_frac: float = 0.10, per_
         # named by the noise test (gap_ms: its per-step gap); the slowdown reported as Lab 5 defines it, from the
         # whole run's waits: the others' median wait minus the named rank's
         slow = next(r for r in per_rank if r["rank"] == t["candidate"])
-        others = [r for r in per_rank if r is not slow]
-        gap = _median([r["wait_ms"] for r in others]) - slow["wait_ms"]
-        base = _median([r["step_ms"] - r["wait_ms"] for r in others])
+        gap, base = _gap(per_rank, slow)
         return dict(out, rank=slow["rank"], slowdown_ms=gap, slowdown_x=(base + gap) / base if base > 0 else None,
                     reason=t["reason"])
     if gap <= floor:

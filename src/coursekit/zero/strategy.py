@@ -267,10 +267,10 @@ def _import_deepspeed(device: str):
 def _max_merge(a: dict, b: dict) -> dict:
     """Per-category maximum of two held_bytes snapshots (ZeRO-3 steps its optimizer once per sub-group), also in
     each tier's categories (the nested ``tiers``); anything else is the later snapshot's."""
-    out = dict(b)
+    out = {**a, **b}
     for k, v in a.items():
         if isinstance(v, int) and isinstance(b.get(k), int):
             out[k] = max(v, b[k])
         elif isinstance(v, dict) and isinstance(b.get(k), dict):
-            out[k] = _max_merge(v, b[k]) | {kk: vv for kk, vv in v.items() if kk not in b[k]}
+            out[k] = _max_merge(v, b[k])
     return out
