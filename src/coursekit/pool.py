@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
 import textwrap
 import uuid
 
+from coursekit.dist import free_port
 from coursekit.launch import LAUNCH_ID_ENV, reap, stamped_env
 
 
@@ -40,12 +40,6 @@ class RankError(RuntimeError):
         ranks = ", ".join(map(str, sorted(failures)))
         body = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(failures.items()))
         super().__init__(f"the cell failed on rank(s) {ranks}\n{body}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_rank(rank: int, world: int, port: int, device: str) -> str:
@@ -97,7 +91,7 @@ class Pool:
         ids = sorted(self._client.ids)[: self.n]
         self._engines = {rank: self._client[e] for rank, e in enumerate(ids)}
         self._view = self._client[ids]
-        port = _free_port()  # every rank joins the group at once: the cells' names (rank, device, dist) defined
+        port = free_port()  # every rank joins the group at once: the cells' names (rank, device, dist) defined
         setup = {r: v.execute(_SETUP.format(rank=r, world=self.n, port=port, device=self.device), block=False)
                  for r, v in self._engines.items()}
         for ar in setup.values():
