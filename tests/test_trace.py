@@ -289,16 +289,18 @@ STRAGGLER = """
 import time, torch, torch.distributed as dist
 from coursekit import dist as ckdist
 from coursekit.profiling import maybe_profile
-info = ckdist.init()
-x, w = torch.ones(256), torch.randn(128, 128)
-with maybe_profile(r"{out}", info.rank, steps=(1, 4)) as prof:
-    for step in range(4):
-        for _ in range(3):
-            w @ w
-            if info.rank == 1:
-                time.sleep({ms} / 3000)  # rank 1 is slow: {ms} ms per step, before its all-reduces
-            dist.all_reduce(x)
-        prof.step()
+# session(): both ranks meet before the group goes away (a bare init() left the teardown to interpreter exit,
+# where gloo's threads aborted rank 0 once in a tier run: "terminate called without an active exception")
+with ckdist.session() as info:
+    x, w = torch.ones(256), torch.randn(128, 128)
+    with maybe_profile(r"{out}", info.rank, steps=(1, 4)) as prof:
+        for step in range(4):
+            for _ in range(3):
+                w @ w
+                if info.rank == 1:
+                    time.sleep({ms} / 3000)  # rank 1 is slow: {ms} ms per step, before its all-reduces
+                dist.all_reduce(x)
+            prof.step()
 """
 
 
