@@ -24,7 +24,7 @@ import pytest
 from coursekit.memory import preset
 from coursekit.memory.gpus import GiB
 from coursekit.plan import Cluster, Layout, evaluate, hardware, network, pareto, plan, predict
-from coursekit.plan.search import make_cluster
+from coursekit.plan.search import layouts_of, make_cluster
 from coursekit.plan.cli import main
 from coursekit.plan.hardware import collectives_from_rows, fit_alpha_beta, load_overrides
 from coursekit.plan.layout import parse_layout
@@ -456,6 +456,13 @@ def test_planner_searches_expert_parallelism_for_moe_models(capsys):
     found = plan("mixtral-8x7b", keep_unfit=True, **args)
     assert {c.layout.ep for c in found} >= {1, 2, 4, 8}
     assert {c.layout.ep for c in plan("llama3-8b", **args)} == {1}
+    # TP on an MoE model splits the sparse blocks' tokens and runs without SP (the calculator refuses SP there):
+    # the search visits it, and a --layout with tp > 1 defaults to no SP
+    visited = list(layouts_of(preset("mixtral-8x7b"), 16, 8, 4096, 64))
+    assert {L.tp for L in visited if L.ep > 1} == {1, 2, 4, 8} and not any(L.sp for L in visited)
+    assert all(L.sp for L in layouts_of(preset("llama3-8b"), 16, 8, 4096, 64) if L.tp > 1)
+    tp2 = evaluate("mixtral-8x7b", dict(tp=2, ep=2, engine="fsdp2", micro_batch=1, recompute="full"), **args)
+    assert not tp2.layout.sp and tp2.prediction.exposed_s["tp"] > 0 and tp2.prediction.exposed_s["ep"] > 0
     base = dict(dp_replicate=16, engine="ddp", micro_batch=1, recompute="full")  # DDP: every rank holds its experts
     e1, e8 = (evaluate("mixtral-8x7b", dict(base, ep=e), **args) for e in (1, 8))
     # the peak is the optimizer step: 16 bytes per parameter (bf16 weights and grads, fp32 master, m, v) and the

@@ -419,6 +419,32 @@ def test_an_moe_layer_runs_router_and_grouped_expert_gemms_over_t_times_k_rows()
     assert layer == pytest.approx(3 * g + 3.5 * A + e, rel=1e-12)
 
 
+def test_moe_under_tp_splits_the_sparse_blocks_tokens():
+    """TP on an MoE model (coursekit.tp.plan: expert TP 1): attention split by heads, the sparse block whole on each
+    TP rank over its half of the tokens; per layer 2 attention all-reduces and 2 all-gathers (the block's output,
+    its input's gradient); after backward the router's and experts' fp32 gradients summed over the TP ranks."""
+    # one layer, tp 2: K·N per token q 64·2·16 + k, v 2·64·1·16 = 4096, o 2048; 512 tokens through the router
+    # (64·4 = 256); 512 x top-2 = 1024 rows through the experts (16384 + 8192); attention on 2 of 4 heads; the
+    # element-wise MLP width: top-2 x 128 over half the tokens
+    layer, _, _ = _layer_time(MOE, Layout(tp=2, micro_batch=MB, sp=False), TOY, t=T, seq=SEQ, act=2, dtype="bf16",
+                              attention="flash", sp=False)
+    g = 2 * T * (4096 + 2048) / 1e12 + 2 * (T / 2) * 256 / 1e12 + 2 * T * (16384 + 8192) / 1e12
+    e = T * (32 * 64 + 8 * 256 / 2) * 2 / 1e12
+    assert layer == pytest.approx(3 * g + 3.5 * A / 2 + e, rel=1e-12)
+    p = predict(MOE, Layout(tp=2, micro_batch=MB, sp=False), cluster(2), seq=SEQ, global_batch=8)  # 2 micro-batches
+    per_layer = call(1, T * 64 * 2, 2) + call(0.5, T * 64 * 2, 2)  # all-reduce x 2 + all-gather x 2 (2 ranks)
+    grads = call(1, (4 * 64 + 4 * 3 * 128 * 64) * 4 / 3, 3 * 2)  # router + experts, 3 tensors x 2 layers, fp32
+    assert p.exposed_s["tp"] == pytest.approx(2 * 2 * per_layer + grads, rel=1e-12)
+    assert p.step_time_s == pytest.approx(_parts(p), rel=1e-12)
+    # full recompute repeats the forward's all-reduce and all-gather
+    r = predict(MOE, Layout(tp=2, micro_batch=MB, sp=False, recompute="full"), cluster(2), seq=SEQ, global_batch=8)
+    assert r.exposed_s["tp"] == pytest.approx(2 * 2 * 1.5 * per_layer + grads, rel=1e-12)
+    # with EP 2 over dp 2 as well: each TP rank dispatches its 512 tokens x top-2 rows
+    q = predict(MOE, Layout(tp=2, dp_replicate=2, ep=2, micro_batch=MB, sp=False), cluster(4), seq=SEQ,
+                global_batch=16)
+    assert q.exposed_s["ep"] == pytest.approx(2 * 2 * call(0.5, T / 2 * 2 * 64 * 2, 4), rel=1e-12)
+
+
 def test_expert_parallel_params_reduce_and_shard():
     # ep 2: each rank holds half of a layer's 98,304 expert parameters: 12,672 dense + 49,152 = 61,824 per layer;
     # the last stage 2 x 61,824 + 16,448 = 140,096. DDP all-reduces their fp32 gradients over the 2 dp ranks

@@ -26,7 +26,11 @@ Overlap (stated per strategy):
     step (exposed).
   * FSDP2 / HSDP / ZeRO-3: the all-gather of the next unit overlaps this unit's compute; exposed: the first
     unit's gather, the last unit's reduce-scatter, and whatever communication exceeds the compute.
-  * TP all-reduces (or SP all-gather + reduce-scatter) are exposed (no async TP).
+  * TP all-reduces (or SP all-gather + reduce-scatter) are exposed (no async TP). A mixture of experts under TP
+    (``coursekit.tp.plan``: expert TP 1, the TP ranks split the sparse block's tokens): the attention's all-reduces,
+    an all-gather of the block's output (forward) and of its input's gradient (backward), the router and expert
+    GEMMs and all-to-alls over t/tp tokens, and, after backward, the block's router and expert gradients summed
+    over the TP ranks (one all-reduce per tensor, exposed: ``coursekit.parallel.split.sum_partial_grads``).
   * PP: bubble (p - 1) / (v·m + p - 1) of the pipeline time; stage-to-stage sends exposed.
   * CP ring: each K/V exchange overlaps one block of attention compute, exposed only beyond it; Ulysses
     all-to-alls are exposed.
@@ -170,19 +174,20 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                                                              dp_axes=dp_axes)
     ep_s = 0.0
     if shape.is_moe and L.ep > 1:  # dispatch + combine, forward and backward: 4 all-to-alls of t·k rows per layer
-        ep_s = 4 * links.time("all_to_all", t * shape.top_k * h * act, ("ep",))
+        ep_s = 4 * links.time("all_to_all", t / tp * shape.top_k * h * act, ("ep",))  # TP ranks: t/tp tokens each
     mb_time = compute_mb + stage_layers * (tp_s + cp_s + ep_s) + pp_s + fsdp_mb + host_mb
     bubble = (pp - 1) / v * mb_time if pp > 1 else 0.0
     opt = _optimizer_time(shape, L, hw, stage_params=stage_params, stage_layers=stage_layers)
     step_dp += links.time("all_reduce", 4, ("pp",) + dp_axes, 1) if hw.loss_sync else 0.0  # mesh order: pp outermost
-    step = m * mb_time + bubble + step_dp + opt
+    tp_step = _moe_tp_reduce(shape, L, links, stage_layers)
+    step = m * mb_time + bubble + step_dp + tp_step + opt
 
     tokens = global_batch * seq
     gpus = L.world
     mflops = _flops(shape, global_batch, seq, "none")
     hflops = _flops(shape, global_batch, seq, L.recompute)
     peak = hw.peak(dtype)
-    exposed = {"tp": m * stage_layers * tp_s, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
+    exposed = {"tp": m * stage_layers * tp_s + tp_step, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
                "dp": m * fsdp_mb + step_dp, **({"ep": m * stage_layers * ep_s} if L.ep > 1 else {})}
     link_kinds = {name: links.kind(axes) for name, axes in
                   (("tp", ("tp",)), ("cp", ("cp",)), ("dp", dp_axes), ("pp", ("pp",)), ("ep", ("ep",)))
@@ -192,6 +197,19 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                       mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds)
 
 
+def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
+    """After backward, a token-split sparse block's router and expert gradients summed over the TP ranks: one
+    fp32 all-reduce per tensor (router, experts' in and out), of this rank's part (its EP slice; under FSDP2 its
+    shard: router over dp_shard x cp, expert slices over the dp_shard x cp / ep ranks holding them)."""
+    if not (shape.is_moe and L.tp > 1):
+        return 0.0
+    router, experts = shape.experts * shape.hidden, shape.expert_params_per_layer() / L.ep
+    if L.engine == "fsdp2":
+        n = L.dp_shard * L.cp
+        router, experts = router / n, experts / max(1, n // L.ep)
+    return links.time("all_reduce", (router + experts) * 4 / 3, ("tp",), 3 * stage_layers)
+
+
 def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[float, float, float]:
     """Compute of one layer, one micro-batch (forward, backward, recompute): (layer, attention fwd, attention bwd)."""
     h, f, d, tp, cp = shape.hidden, shape.ffn, shape.head_dim, L.tp, L.cp
@@ -199,9 +217,10 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[flo
     kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
     n_in = 2 if shape.mlp == "swiglu" else 1
     gemms = [(t, h, (heads + 2 * kv_heads) * d), (t, heads * d, h)]
-    if shape.is_moe:  # the router, then the experts as one grouped GEMM over the t·k rows a balanced router sends
-        rows, f = t * shape.top_k, shape.moe_ffn * shape.top_k  # f: the elementwise width per token below
-        gemms += [(t, h, shape.experts), (rows, h, 2 * shape.moe_ffn), (rows, shape.moe_ffn, h)]
+    if shape.is_moe:  # the router, then the experts as one grouped GEMM over the t·k rows a balanced router sends;
+        # TP's ranks split the block's tokens (t/tp each), so f / tp below is the block's element-wise width too
+        rows, f = t / tp * shape.top_k, shape.moe_ffn * shape.top_k  # f: the elementwise width per token below
+        gemms += [(t / tp, h, shape.experts), (rows, h, 2 * shape.moe_ffn), (rows, shape.moe_ffn, h)]
     else:
         gemms += [(t, h, n_in * f / tp), (t, f / tp, h)]
     g_fwd = sum(gemm_time(*g, hw, dtype) for g in gemms)
@@ -227,7 +246,10 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd) -> tuple[floa
     kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
     tp_calls = 4 + (2 if L.recompute == "full" else 0)
     tp_payload = L.micro_batch * seq / cp * h * act
-    if sp:  # all-gather + reduce-scatter of the same payload instead of each all-reduce
+    if shape.is_moe:  # attention's all-reduce; the token-split sparse block's output (backward: input grad) gathered
+        n = tp_calls // 2
+        tp_s = links.time("all_reduce", tp_payload, ("tp",), n) + links.time("all_gather", tp_payload, ("tp",), n)
+    elif sp:  # all-gather + reduce-scatter of the same payload instead of each all-reduce
         tp_s = links.time("all_gather", tp_payload, ("tp",), tp_calls) + links.time(
             "reduce_scatter", tp_payload, ("tp",), tp_calls)
     else:
