@@ -168,13 +168,17 @@ MOE = ("--router-aux-loss-coef", "0")
     ("ddp", 4, ("--cp", "2")),
     ("ddp", 4, ("--tp", "2")),
     pytest.param("fsdp2", 4, ("--tp", "2"), marks=pytest.mark.slow),  # default tier: ddp's tp case, fsdp2-ep below
-], ids=["ddp2-ep2", "ddp4-ep2", "dp2xcp2-ep2", "dp2xtp2-ep2", "fsdp2-dp2xtp2-ep2"])
+    ("ddp", 4, ("--pp", "2", "--pp-schedule", "gpipe")),
+    ("ddp", 2, ("--recompute", "full")),
+], ids=["ddp2-ep2", "ddp4-ep2", "dp2xcp2-ep2", "dp2xtp2-ep2", "fsdp2-dp2xtp2-ep2", "pp2xdp2-ep2", "ep2-recompute"])
 def test_every_gradient_equals_one_process(strategy, nproc, extra, no_orphans):
     """Adam is blind to a uniformly scaled gradient (a missing 1/ep would still train 'equal to one process'), so
     the gradients themselves: after one backward and the strategy's reduction, every dense parameter's gradient and
     every expert slice's equal the one-process gradient (of the whole batch) and its slice, within 1e-6; also with
     context parallelism, whose ranks EP borrows as well, and with tensor parallelism, whose ranks split the sparse
-    block's tokens (router and expert gradients summed over them; without that sum they are each rank's part)."""
+    block's tokens (router and expert gradients summed over them; without that sum they are each rank's part); with
+    pipeline stages (each stage's experts split over the data ranks of that stage) and with full recompute (the
+    dispatch and combine run again in backward, with the same splits)."""
     from parity import assert_grads_equal_one_process
 
     assert_grads_equal_one_process(["--model", "tiny-qwen3-moe", *MOE], strategy, nproc, layout=["--ep", 2, *extra])
@@ -293,7 +297,9 @@ def test_expert_slice_keys_round_trip_and_their_count_is_checked():
     (["--model", "tiny-qwen3-moe", "--ep", "4", "--nproc", "2"], "ep 4 does not divide the 2 ranks it borrows"),
     (["--model", "tiny-qwen3-moe", "--ep", "2", "--nproc", "2", "--capacity-factor", "0"],
      "--capacity-factor must be > 0"),
-    (["--model", "tiny-qwen3-moe", "--ep", "2", "--nproc", "4", "--pp", "2"], "--ep with --pp is not supported"),
+    (["--model", "tiny-qwen3-moe", "--ep", "2", "--nproc", "4", "--pp", "2"],  # the config's coefficient is > 0
+     "--pp 2 on a mixture-of-experts model: the load-balancing loss .* pass --router-aux-loss-coef 0"),
+    (["--model", "tiny-qwen3-moe", "--ep", "2", "--nproc", "2", "--compile", *MOE], "--ep with --compile"),
     (["--model", "tiny-llama", "--router-aux-loss-coef", "0.1"], "applies to mixture-of-experts models"),
     (["--model", "tiny-qwen3-moe", "--nproc", "2", "--tp", "2"],  # the config's own coefficient is > 0
      "--tp 2 on a mixture-of-experts model: the load-balancing loss .* pass --router-aux-loss-coef 0"),

@@ -27,10 +27,10 @@ class ExpertParallel:
         plan_for(shape.family, "--ep", model)
         if shape.experts % ep:
             raise ValueError(f"--ep {ep} does not divide the {shape.experts} experts of {model}")
-        for flag, on in (("--pp", dims.pp > 1), ("--recompute full", opts.train.recompute == "full"), ("--compile", opts.train.compile)):
-            if on:
-                raise ValueError(f"--ep with {flag} is not supported yet (expert parallelism composes with data, "
-                                 "FSDP2, tensor and context parallelism and DCP checkpoints)")
+        if opts.train.compile:
+            raise ValueError("--ep with --compile is not supported yet (the dispatch's uneven all-to-all splits are "
+                             "data-dependent: a graph break per layer); expert parallelism composes with data, FSDP2, "
+                             "tensor, pipeline and context parallelism, recompute and DCP checkpoints")
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -48,6 +48,8 @@ class ExpertParallel:
         parent, _, leaf = family.experts.rpartition(".")
         for lm in model_parts(model):
             for block in blocks(lm):
+                if not hasattr(block, parent.partition(".")[0]):
+                    continue  # a pipeline stage keeps placeholders for the other stages' layers
                 moe = block.get_submodule(parent)
                 shard = ExpertShard(getattr(moe, leaf), group=group, rank=rank, size=ctx.dims.ep,
                                     capacity_factor=o.capacity_factor)

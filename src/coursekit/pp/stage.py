@@ -22,6 +22,7 @@ import time
 import torch
 from torch import nn
 
+from coursekit.parallel.validate import router_aux_coef
 from coursekit.pp import SCHEDULES, SPLIT_BACKWARD, PipelineOptions, stages_of
 from coursekit.spec import registry
 from coursekit.spec.families import LLAMA, plan_for
@@ -120,6 +121,10 @@ class Pipeline:
         if shape.tied_embeddings:
             raise ValueError(f"--pp with a tied embedding/head ({opts.train.model}) needs their gradients summed "
                              "across the first and last stage, which this pipeline does not do")
+        if router_aux_coef(opts):
+            raise ValueError(f"--pp {dims.pp} on a mixture-of-experts model: the load-balancing loss needs every "
+                             "layer's router logits at the loss, which sits on the last stage; pass "
+                             "--router-aux-loss-coef 0")
         kind = opts.of(PipelineOptions).pp_schedule
         _, v, _ = SCHEDULES[kind]
         if kind in SPLIT_BACKWARD and registry.get(opts.parallel.strategy).wraps_stages(dims):
