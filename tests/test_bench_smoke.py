@@ -140,14 +140,17 @@ def test_bench_slurm(tmp_path):
 
 def test_bench_planner_published_layouts():
     """The published-run table as a user prints it (without the search): every case evaluated, its error the
-    printed ratio of predicted to published, each published layout fitting by the calculator or said not to."""
+    printed ratio of predicted to published, each published layout fitting by the calculator or said not to, and a
+    layout that does not fit marked failed."""
     rows = json.loads(bench("bench_planner.py", "--json", "--no-search"))
-    assert len(rows) >= 2 and len({r["case"] for r in rows}) == len(rows)
+    assert len(rows) >= 18 and len({r["case"] for r in rows}) == len(rows)
+    assert {r["metric"] for r in rows} == {"tflops", "mfu", "tokens"}
     for r in rows:
-        assert r["metric"] in ("tflops", "mfu") and r["published"] > 0 and r["step_time_s"] > 0, r
+        assert r["metric"] in ("tflops", "mfu", "tokens") and r["published"] > 0 and r["step_time_s"] > 0, r
         assert math.isfinite(r["predicted"]) and r["predicted"] > 0, r
         assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1), r
         assert isinstance(r["fits"], bool) and r["peak_gib"] > 0 and "rank" not in r, r
+        assert r["failed"] is (not r["fits"]), r
         if r["metric"] == "mfu":
             assert 0 < r["predicted"] < 1, r
 
