@@ -170,7 +170,9 @@ MOE = ("--router-aux-loss-coef", "0")
     pytest.param("fsdp2", 4, ("--tp", "2"), marks=pytest.mark.slow),  # default tier: ddp's tp case, fsdp2-ep below
     ("ddp", 4, ("--pp", "2", "--pp-schedule", "gpipe")),
     ("ddp", 2, ("--recompute", "full")),
-], ids=["ddp2-ep2", "ddp4-ep2", "dp2xcp2-ep2", "dp2xtp2-ep2", "fsdp2-dp2xtp2-ep2", "pp2xdp2-ep2", "ep2-recompute"])
+    pytest.param("ddp", 4, ("--tp", "2", "--sp"), marks=pytest.mark.slow),  # default tier: the SP trainer case below
+], ids=["ddp2-ep2", "ddp4-ep2", "dp2xcp2-ep2", "dp2xtp2-ep2", "fsdp2-dp2xtp2-ep2", "pp2xdp2-ep2", "ep2-recompute",
+        "dp2xtp2-sp-ep2"])
 def test_every_gradient_equals_one_process(strategy, nproc, extra, no_orphans):
     """Adam is blind to a uniformly scaled gradient (a missing 1/ep would still train 'equal to one process'), so
     the gradients themselves: after one backward and the strategy's reduction, every dense parameter's gradient and
@@ -186,23 +188,24 @@ def test_every_gradient_equals_one_process(strategy, nproc, extra, no_orphans):
 
 # default-tier budget: ep 4 on 4 ranks is slow-tier (the dispatch test runs ep 4; the FSDP2 case runs 4 ranks)
 # TP x EP (dp2 x tp2, ep 2 over the data ranks): the TP ranks split each sparse block's tokens
-@pytest.mark.parametrize("strategy, nproc, ep, model, tp", [
-    ("ddp", 2, 2, "tiny-qwen3-moe", 1),
-    pytest.param("ddp", 4, 4, "tiny-qwen3-moe", 1, marks=pytest.mark.slow),
-    ("fsdp2", 4, 2, "tiny-mixtral", 1),
-    ("ddp", 4, 2, "tiny-qwen3-moe", 2),
+@pytest.mark.parametrize("strategy, nproc, ep, model, tp, sp", [
+    ("ddp", 2, 2, "tiny-qwen3-moe", 1, False),
+    pytest.param("ddp", 4, 4, "tiny-qwen3-moe", 1, False, marks=pytest.mark.slow),
+    ("fsdp2", 4, 2, "tiny-mixtral", 1, False),
+    ("ddp", 4, 2, "tiny-qwen3-moe", 2, False),
+    ("ddp", 4, 2, "tiny-mixtral", 2, True),
 ])
-def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, tp, no_orphans):
+def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, tp, sp, no_orphans):
     """Equal to one process; and on the counted (last) step every rank's all-to-all bytes equal the volume model of
     the router counts the ranks recorded (its EP group: the ranks of its TP coordinate), and its peak of saved
     activations equals the calculator's for the rows its experts received (uneven: the router is random); with TP
-    each rank routes 1/tp of the tokens."""
+    each rank routes 1/tp of the tokens (under SP the tokens its residual stream holds)."""
     from coursekit.comm import volume
     from coursekit.memory import activation_bytes, estimate, preset
     from coursekit.spec.dims import ParallelDims
 
     base = baseline("--model", model, *MOE)
-    res = train(strategy, nproc, "--model", model, "--ep", ep, "--tp", tp, "--count-step", *MOE)
+    res = train(strategy, nproc, "--model", model, "--ep", ep, "--tp", tp, "--count-step", *MOE, *["--sp"] * sp)
     assert_equal_to_single(res, base, nproc)
     shape, recs = preset(model), res.results
     last = [r["steps"][-1]["expert_tokens"] for r in recs]  # [rank][layer][expert]
@@ -221,7 +224,7 @@ def test_trainer_with_ep_equals_one_process(strategy, nproc, ep, model, tp, no_o
         want = volume.payload_bytes(plan)
         assert f["comm"]["all_to_all"]["bytes"] == want
         reports = [activation_bytes(shape, f["micro_batch"], f["seq"], dtype="fp32", attention="sdpa", impl="hf",
-                                    kernels="cpu", position_ids="per-sequence", ep=ep, tp=tp, expert_rows=r)
+                                    kernels="cpu", position_ids="per-sequence", ep=ep, tp=tp, sp=sp, expert_rows=r)
                    for r in rows]
         assert f["peak_saved_bytes"] == sum(x.layer_bytes for x in reports) + sum(reports[0].model.values())
         assert rows != [n * shape.top_k] * shape.layers or ep == 1  # the split really was uneven somewhere
@@ -303,7 +306,6 @@ def test_expert_slice_keys_round_trip_and_their_count_is_checked():
     (["--model", "tiny-llama", "--router-aux-loss-coef", "0.1"], "applies to mixture-of-experts models"),
     (["--model", "tiny-qwen3-moe", "--nproc", "2", "--tp", "2"],  # the config's own coefficient is > 0
      "--tp 2 on a mixture-of-experts model: the load-balancing loss .* pass --router-aux-loss-coef 0"),
-    (["--model", "tiny-qwen3-moe", "--nproc", "2", "--tp", "2", "--sp", *MOE], "--sp with a mixture-of-experts"),
     (["--model", "tiny-qwen3-moe", "--nproc", "4", "--tp", "4", "--seq", "30", *MOE],
      "sequence per CP rank \\(30\\) must be divisible by it"),
 ])

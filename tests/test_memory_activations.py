@@ -450,7 +450,6 @@ def test_moe_terms_grouped_mm_and_dispatch():
     (family("llama", 96, 6, 6, 128), dict(cp=4, cp_impl="ulysses"), ["cp (4) must divide the query heads", "(6)"]),
     (family("llama", 64, 4, 4, 128), dict(cp=2, cp_impl="ulysses", recompute="selective"), ["ulysses"]),
     (qwen3(activation="mish"), {}, ["unknown activation 'mish'"]),
-    (mixtral(), dict(tp=2, sp=True), ["sequence parallelism with a mixture-of-experts"]),
     (mixtral(), dict(seq=30, tp=4), ["tp (4) splits", "seq/cp (30)"]),
     (qwen3(), dict(impl="fused", attention="eager"), ["impl 'fused' means flash attention"]),
     (qwen3(), dict(dtype="fp8"), ["unknown dtype 'fp8'"]),

@@ -528,13 +528,14 @@ def test_planner_searches_expert_parallelism_for_moe_models(capsys):
     found = plan("mixtral-8x7b", keep_unfit=True, **args)
     assert {c.layout.ep for c in found} >= {1, 2, 4, 8}
     assert {c.layout.ep for c in plan("llama3-8b", **args)} == {1}
-    # TP on an MoE model splits the sparse blocks' tokens and runs without SP (the calculator refuses SP there):
-    # the search visits it, and a --layout with tp > 1 defaults to no SP
+    # TP on an MoE model (the TP ranks split the sparse blocks' tokens): the search visits it with every EP degree;
+    # SP there takes the sparse block's gather away (the block keeps the rank's sequence shard)
     visited = list(layouts_of(preset("mixtral-8x7b"), 16, 8, 4096, 64))
-    assert {L.tp for L in visited if L.ep > 1} == {1, 2, 4, 8} and not any(L.sp for L in visited)
-    assert all(L.sp for L in layouts_of(preset("llama3-8b"), 16, 8, 4096, 64) if L.tp > 1)
-    tp2 = evaluate("mixtral-8x7b", dict(tp=2, ep=2, engine="fsdp2", micro_batch=1, recompute="full"), **args)
-    assert not tp2.layout.sp and tp2.prediction.exposed_s["tp"] > 0 and tp2.prediction.exposed_s["ep"] > 0
+    assert {L.tp for L in visited if L.ep > 1} == {1, 2, 4, 8}
+    tp2 = {sp: evaluate("mixtral-8x7b", dict(tp=2, ep=2, engine="fsdp2", micro_batch=1, recompute="full", sp=sp),
+                        **args) for sp in (False, True)}
+    assert all(c.prediction.exposed_s["tp"] > 0 and c.prediction.exposed_s["ep"] > 0 for c in tp2.values())
+    assert tp2[True].prediction.exposed_s["tp"] < tp2[False].prediction.exposed_s["tp"]
     base = dict(dp_replicate=16, engine="ddp", micro_batch=1, recompute="full")  # DDP: every rank holds its experts
     e1, e8 = (evaluate("mixtral-8x7b", dict(base, ep=e), **args) for e in (1, 8))
     # the peak is the optimizer step: 16 bytes per parameter (bf16 weights and grads, fp32 master, m, v) and the

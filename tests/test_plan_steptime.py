@@ -439,6 +439,10 @@ def test_moe_under_tp_splits_the_sparse_blocks_tokens():
     # full recompute repeats the forward's all-reduce and all-gather
     r = predict(MOE, Layout(tp=2, micro_batch=MB, sp=False, recompute="full"), cluster(2), seq=SEQ, global_batch=8)
     assert r.exposed_s["tp"] == pytest.approx(2 * 2 * 1.5 * per_layer + grads, rel=1e-12)
+    # under SP the attention's all-gather + reduce-scatter instead; the sparse block keeps the rank's 512 tokens
+    q = predict(MOE, Layout(tp=2, micro_batch=MB, sp=True), cluster(2), seq=SEQ, global_batch=8)
+    assert q.exposed_s["tp"] == pytest.approx(2 * 2 * (call(0.5, T * 64 * 2, 2) + call(0.5, T * 64 * 2, 2)) + grads,
+                                              rel=1e-12)
     # with EP 2 over dp 2 as well: each TP rank dispatches its 512 tokens x top-2 rows
     q = predict(MOE, Layout(tp=2, dp_replicate=2, ep=2, micro_batch=MB, sp=False), cluster(4), seq=SEQ,
                 global_batch=16)

@@ -148,7 +148,8 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
         t.update(norm("mlp_norm"))
         if shape.is_moe:  # TP's ranks split the sparse block's tokens (coursekit.tp.plan.token_split)
             n_moe = n // tp
-            if tp > 1:  # what the router and experts save is the norm output's slice (a copy), not the output
+            if tp > 1:  # what the router and experts save: the norm output's slice (a copy), or under SP the
+                # norm's output itself, this rank's n/tp tokens either way
                 t["mlp_norm.output"] = P * n_moe * h
             rows = n_moe * shape.top_k if expert_rows is None else expert_rows
             t.update(_moe(shape, P=P, n=n_moe, ep=ep, rows=rows))
@@ -169,7 +170,10 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
         sh["causal_mask(checkpoint_arg)"] = P * batch * s * s  # GPT-2 hands its (b, 1, s, s) mask positionally
     if p_embd > 0:
         e["embedding_dropout.mask"] = mask * n_res * h
-    hd = norm("final_norm") | _loss(batch, s, V // tp if impl == "fused" and V % tp == 0 else V)
+    # the trainer's SP (coursekit.tp.plan) all-gathers the last block's output: its final norm sees all n tokens;
+    # Megatron's (fused) keeps the final norm sequence-parallel
+    hd = (norm("final_norm") if impl == "fused" else
+          _norm(shape, "final_norm", impl=impl, P=P, stat=stat, h=h, n_res=n, n_lin=n)) | _loss(batch, s, V // tp if impl == "fused" and V % tp == 0 else V)
     if shape.is_moe and aux_loss:  # softmax over every layer's router logits at once; the per-expert token shares
         hd |= {"moe.aux_loss.softmax": P * shape.layers * n * shape.experts,  # one per layer, n x E each
                "moe.aux_loss.tokens_per_expert_fp32": 4 * shape.experts}
@@ -182,9 +186,6 @@ def _check(shape, seq: int, *, dtype, attention, impl, kernels, recompute, dropo
            position_ids):
     """Refuse what is not modelled (ConfigError); returns (sp as it applies, the attention kernel, the dropout rates
     (attention, residual, embedding))."""
-    if shape.is_moe and tp > 1 and sp:
-        raise ConfigError("sequence parallelism with a mixture-of-experts model is not modelled (the trainer's TP "
-                          "splits the sparse block's tokens itself; drop sp)")
     if shape.is_moe and seq // cp % tp:
         raise ConfigError(f"tp ({tp}) splits a mixture-of-experts block's tokens: seq/cp ({seq // cp}) must be "
                           "divisible by it")

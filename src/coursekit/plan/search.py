@@ -138,8 +138,7 @@ def evaluate(model, layout: Layout | dict, *, gpus: int | None = None, gpus_per_
     degree: what tp·pp·cp leave of ``gpus`` goes to dp_shard (engine fsdp2) or dp_replicate."""
     shape = resolve_model(model)
     if isinstance(layout, dict):
-        # an MoE model's TP runs without SP (its sparse blocks split the tokens themselves): the default there
-        layout = _fill({"sp": not shape.is_moe} | dict(layout), gpus)
+        layout = _fill(dict(layout), gpus)
     gpus = gpus or layout.world
     if layout.world != gpus:
         raise ValueError(f"layout uses {layout.world} GPUs (dp {layout.dp} x tp {layout.tp} x pp {layout.pp} x cp "
@@ -201,9 +200,7 @@ def layouts_of(shape, gpus: int, gpus_per_node: int, seq: int, global_batch: int
                                 continue
                             for ep in _ep_degrees(shape, dp * cp):
                                 try:
-                                    # an MoE model's TP splits its sparse blocks' tokens, without SP (coursekit.tp)
-                                    L = Layout(tp=tp, cp=cp, pp=pp, cp_impl=impl, virtual_stages=v, ep=ep,
-                                               sp=not shape.is_moe, **var)
+                                    L = Layout(tp=tp, cp=cp, pp=pp, cp_impl=impl, virtual_stages=v, ep=ep, **var)
                                     _check(shape, L, seq)
                                 except (LayoutError, ValueError):
                                     continue

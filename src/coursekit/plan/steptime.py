@@ -28,9 +28,10 @@ Overlap (stated per strategy):
     unit's gather, the last unit's reduce-scatter, and whatever communication exceeds the compute.
   * TP all-reduces (or SP all-gather + reduce-scatter) are exposed (no async TP). A mixture of experts under TP
     (``coursekit.tp.plan``: expert TP 1, the TP ranks split the sparse block's tokens): the attention's all-reduces,
-    an all-gather of the block's output (forward) and of its input's gradient (backward), the router and expert
-    GEMMs and all-to-alls over t/tp tokens, and, after backward, the block's router and expert gradients summed
-    over the TP ranks (one all-reduce per tensor, exposed: ``coursekit.parallel.split.sum_partial_grads``).
+    an all-gather of the block's output (forward) and of its input's gradient (backward) (under SP neither: the
+    block runs on the rank's own sequence shard, the attention does SP's all-gather + reduce-scatter), the router
+    and expert GEMMs and all-to-alls over t/tp tokens, and, after backward, the block's router and expert gradients
+    summed over the TP ranks (one all-reduce per tensor, exposed: ``coursekit.parallel.split.sum_partial_grads``).
   * PP: bubble (p - 1) / (v·m + p - 1) of the pipeline time; stage-to-stage sends exposed.
   * CP ring: each K/V exchange overlaps one block of attention compute, exposed only beyond it; Ulysses
     all-to-alls are exposed.
@@ -247,8 +248,12 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd) -> tuple[floa
     tp_calls = 4 + (2 if L.recompute == "full" else 0)
     tp_payload = L.micro_batch * seq / cp * h * act
     if shape.is_moe:  # attention's all-reduce; the token-split sparse block's output (backward: input grad) gathered
-        n = tp_calls // 2
-        tp_s = links.time("all_reduce", tp_payload, ("tp",), n) + links.time("all_gather", tp_payload, ("tp",), n)
+        n = tp_calls // 2  # (under SP the attention's all-gather + reduce-scatter; the block keeps its own tokens)
+        if sp:
+            tp_s = links.time("all_gather", tp_payload, ("tp",), n) + links.time(
+                "reduce_scatter", tp_payload, ("tp",), n)
+        else:
+            tp_s = links.time("all_reduce", tp_payload, ("tp",), n) + links.time("all_gather", tp_payload, ("tp",), n)
     elif sp:  # all-gather + reduce-scatter of the same payload instead of each all-reduce
         tp_s = links.time("all_gather", tp_payload, ("tp",), tp_calls) + links.time(
             "reduce_scatter", tp_payload, ("tp",), tp_calls)

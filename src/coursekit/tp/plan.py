@@ -22,7 +22,9 @@ only. The sparse MLP block (router and experts, or EP's slice of them) is whole 
 split its *tokens*: entering the block each rank keeps its 1/tp of every sequence (Replicate -> Shard(1), a slice:
 no communication), leaving it the outputs are all-gathered (Shard(1) -> Replicate). Backward mirrors it (the input's
 gradient all-gathered, the output's sliced). Each rank's router and expert gradients then cover its own tokens
-only: they are summed over the TP ranks before the step (``coursekit.parallel.split.mark_partial``).
+only: they are summed over the TP ranks before the step (``coursekit.parallel.split.mark_partial``). Under
+sequence parallelism the block's input already is the rank's 1/tp of the sequence (the norm's Shard(1) output):
+the block runs on that shard and its output stays in the sequence-sharded residual stream, no slice or gather.
 
 Qwen3's q/k RMSNorms (one ``head_dim`` weight every head uses) stay whole on every rank; a rank's gradient of them
 covers its own heads only, so it is summed over the TP ranks too (the family plan's ``head_shared``).
@@ -57,9 +59,6 @@ class TensorParallel:
     @staticmethod
     def _check_moe(opts, dims) -> None:
         model, tp = opts.train.model, dims.tp
-        if opts.of(TPOptions).sp:
-            raise ValueError(f"--sp with a mixture-of-experts model ({model}) is not wired: TP splits the sparse "
-                             "block's tokens itself (drop --sp)")
         if (opts.train.seq // dims.cp) % tp:
             raise ValueError(f"--tp {tp} on a mixture-of-experts model splits every sequence's tokens over the TP "
                              f"ranks for the experts: the sequence per CP rank ({opts.train.seq // dims.cp}) must be "
@@ -126,7 +125,7 @@ class TensorParallel:
                 mark_partial(block.get_submodule(name), mesh.get_group())
             if self.family.experts is not None:
                 moe = block.get_submodule(self.family.mlp)
-                token_split(moe, mesh)
+                token_split(moe, mesh, self.sp)
                 mark_partial(moe, mesh.get_group())  # its router and experts saw 1/tp of the tokens
 
 
@@ -163,10 +162,17 @@ def seq_shard(first, last, mesh) -> None:
     last.register_forward_hook(leave)
 
 
-def token_split(moe, mesh) -> None:
+def token_split(moe, mesh, sp: bool = False) -> None:
     """A sparse MLP block on 1/tp of the tokens: its input sliced along the sequence, its output all-gathered (both
-    as DTensor redistributions, so autograd gathers the input's gradient and slices the output's)."""
+    as DTensor redistributions, so autograd gathers the input's gradient and slices the output's). Under sequence
+    parallelism the input already is this rank's tokens (the norm's Shard(1) output): the block takes the local
+    shard and its output joins the sequence-sharded residual stream, no communication at all."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if sp:
+        moe.register_forward_pre_hook(lambda module, args: (args[0].to_local(), *args[1:])
+                                      if isinstance(args[0], DTensor) else None)
+        return
 
     def enter(module, args):
         x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
