@@ -90,7 +90,7 @@ _ZOO = ("yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md, Performanc
         "8x50 GB/s), BF16")
 _ZOO_NOTE = ["tokens/s per GPU from the stated step time (GBS 2048 x 4096 / (step x 256))",
              "DeepEP dispatcher and Megatron's grouped GEMMs as the planner's all-to-all and expert GEMMs",
-             "Megatron runs MoE with TP under sequence parallelism; the planner's MoE TP has no SP (sp=False)",
+             "sequence parallelism on (Megatron requires it for MoE with TP)",
              "routing balanced (the planner assumes it; the table does not say forced-balance or dropless)"]
 _TITAN = "pytorch/torchtitan benchmarks/"
 _TITAN_NOTE = ["Grand Teton H100: 96 GB HBM2e at 2.4 TB/s and a 500 W power limit (the source's own footnote: peak "
@@ -265,13 +265,13 @@ CASES = [
          "CP 1, EP 8, PP 1, EDP 32, DP 128, FSDP on, MBS 4, GBS 2048, GA 4, recompute full: 17.6 s per step, 276 "
          "TFLOP/s per GPU (= 1,862 tokens/s per GPU)",
          "qwen3-235b-a22b", 256, "H100-80GB", "ib-400", 4096, 2048,
-         Layout(tp=2, dp_shard=128, ep=8, engine="fsdp2", micro_batch=4, recompute="full", sp=False), "tokens",
+         Layout(tp=2, dp_shard=128, ep=8, engine="fsdp2", micro_batch=4, recompute="full"), "tokens",
          2048 * 4096 / (17.6 * 256), assumed=_ZOO_NOTE + ["Megatron-FSDP as FSDP2"]),
     Case("Qwen3-235B-A22B, TP 4 x EP 8 x PP 8 (Megatron)", f"{_ZOO}, intra-node EP strategy: 235B, DeepEP, TP 4, "
          "CP 1, EP 8, PP 8, EDP 4, VPP 4, DP 8, MBS 1, GBS 2048, GA 256, recompute column empty: 29.0 s per step, 167 "
          "TFLOP/s per GPU (= 1,130 tokens/s per GPU)",
          "qwen3-235b-a22b", 256, "H100-80GB", "ib-400", 4096, 2048,
-         Layout(tp=4, pp=8, virtual_stages=4, dp_replicate=8, ep=8, engine="ddp", micro_batch=1, sp=False),
+         Layout(tp=4, pp=8, virtual_stages=4, dp_replicate=8, ep=8, engine="ddp", micro_batch=1),
          "tokens", 2048 * 4096 / (29.0 * 256),
          assumed=_ZOO_NOTE + ["Megatron's distributed optimizer not expressible with EP (the planner's EP runs DDP "
                               "or FSDP2): priced as DDP, more memory per GPU than the run had",
