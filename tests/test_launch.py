@@ -291,6 +291,11 @@ def test_a_quiet_launch_in_a_notebook_says_when_each_run_starts_and_ends(monkeyp
     from coursekit.course.grading import student_env
 
     assert student_env()["COURSEKIT_PROGRESS"] == "0"
+    from coursekit.course.isolation import sandbox_env
+
+    # and the sandbox a graded kernel runs in keeps it (its cleared environment dropped it: the slow tier's executed
+    # Lab 1 solution showed launch lines in a graded cell)
+    assert sandbox_env(student_env())["COURSEKIT_PROGRESS"] == "0"
     monkeypatch.delenv("COURSEKIT_PROGRESS")
     say = L._notebook_progress("coursekit.train", ["--model", "m.json", "--strategy", "hsdp", "--dp-replicate", 2,
                                                    "--quiet"], 4)
