@@ -10,6 +10,10 @@
 3. The router's load-balancing loss: tiny-qwen3-moe trained on one process with the aux loss off, at the model's
    default weight and at a strong one; the expert imbalance (busiest expert over the mean) of the first and last
    tenth of the steps.
+4. The cost of imbalance in step time: one MoE layer's experts (``coursekit.ep.dispatch.ExpertShard``) on 2 EP
+   ranks, forward + backward, routed evenly and routed so that every choice lands on rank 0's experts. The busiest
+   rank computes max/mean = 2x the rows and the other waits for it in the combine; predicted step =
+   (balanced step - its expert compute) + 2 x that compute (the expert compute timed alone on the same rows).
 """
 from __future__ import annotations
 
@@ -64,6 +68,60 @@ def aux_effect(model: str, steps: int) -> list[dict]:
     return out
 
 
+IMBALANCE = r"""
+import time, torch, torch.distributed as dist
+from torch import nn
+from coursekit import dist as ckdist
+from coursekit.ep.dispatch import ExpertShard
+from coursekit.launch import report
+T, H, F, E, K, ITERS = {tokens}, 256, 512, 4, 2, {iters}
+
+class Experts(nn.Module):  # transformers 5's fused experts' parameters: (E, 2F, H) and (E, H, F)
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * F, H) / H ** 0.5)
+        self.down_proj = nn.Parameter(torch.randn(E, H, F) / F ** 0.5)
+        self.act_fn = nn.SiLU()
+
+def timed(fn):
+    out = []
+    for _ in range(ITERS):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return sorted(out)[len(out) // 2]
+
+with ckdist.session(seed=0) as info:
+    torch.manual_seed(0)
+    shard = ExpertShard(Experts(), group=dist.group.WORLD, rank=info.rank, size=2)
+    x = torch.randn(T, H, requires_grad=True)
+    w = torch.full((T, K), 1 / K)
+    even = torch.arange(T * K).reshape(T, K) % E  # every expert T*K/E choices: each rank T*K rows
+    hot = torch.arange(T * K).reshape(T, K) % 2  # experts 0 and 1 (rank 0's) take every choice of both ranks
+    step = lambda idx: shard(x, idx, w).sum().backward()  # noqa: E731
+    rows = torch.randn(T * K // 2, H)  # one local expert's rows, balanced: T*K per rank over 2 experts
+    def experts_only():  # the expert compute of the balanced step, alone: 2 local experts x T*K/2 rows, fwd + bwd
+        for e in range(2):
+            shard.expert(e, rows, shard.gate_up_proj, shard.down_proj).sum().backward()
+    for fn in (lambda: step(even), lambda: step(hot), experts_only):
+        fn()  # warm-up
+    report({{"rank": info.rank, "balanced_s": timed(lambda: step(even)), "skewed_s": timed(lambda: step(hot)),
+             "experts_s": timed(experts_only)}})
+"""
+
+
+def imbalance_cost(tokens: int = 2048, iters: int = 7) -> list[dict]:
+    from coursekit.launch import launch_code
+
+    res = launch_code(IMBALANCE.format(tokens=tokens, iters=iters), nproc=2, timeout=300, stream=False).results
+    out = []
+    for r in res:
+        predicted = r["balanced_s"] - r["experts_s"] + 2 * r["experts_s"]  # the busiest rank: twice the rows
+        out.append(r | {"predicted_skewed_s": predicted, "error": r["skewed_s"] / predicted - 1})
+    return out
+
+
 def main(argv=None) -> int:
     from coursekit.memory import preset
 
@@ -74,7 +132,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     presets = {n: {"total": preset(n).num_params(), "active": preset(n).num_active_params()}
                for n in ("qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b", a.model)}
-    res = {"presets": presets, "ep_run": ep_run(a.model), "aux_loss": aux_effect(a.model, a.steps)}
+    res = {"presets": presets, "ep_run": ep_run(a.model), "aux_loss": aux_effect(a.model, a.steps),
+           "imbalance_cost": imbalance_cost()}
     if a.json:
         print(json.dumps(res, indent=1))
         return 0
@@ -87,6 +146,10 @@ def main(argv=None) -> int:
     for r in res["aux_loss"]:
         print(f"aux loss coef {r['aux_loss_coef']:>7}: imbalance {r['imbalance_first']:.3f} -> {r['imbalance_last']:.3f}"
               f" over {a.steps} steps; loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+    for r in res["imbalance_cost"]:
+        print(f"imbalance, ep rank {r['rank']}: balanced step {r['balanced_s'] * 1e3:.1f} ms (experts alone "
+              f"{r['experts_s'] * 1e3:.1f}); all choices on rank 0's experts {r['skewed_s'] * 1e3:.1f} ms, predicted "
+              f"{r['predicted_skewed_s'] * 1e3:.1f} ({r['error']:+.0%})")
     return 0
 
 

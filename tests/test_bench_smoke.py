@@ -238,6 +238,10 @@ def test_bench_moe(no_orphans):
         assert r["saved_bytes"] == r["saved_predicted"] > 0
     assert [r["aux_loss_coef"] for r in d["aux_loss"]] == ["0", "default", "0.1"]
     assert all(r["imbalance_first"] >= 1 and math.isfinite(r["loss_last"]) for r in d["aux_loss"])
+    # both EP ranks timed both routings; the experts alone take part of the balanced step, not all of it
+    cost = d["imbalance_cost"]
+    assert [r["rank"] for r in cost] == [0, 1]
+    assert all(0 < r["experts_s"] < r["balanced_s"] and r["skewed_s"] > 0 for r in cost)
 
 
 @pytest.mark.slow  # mutmut over one module (~20-40 s): the score is a benchmark figure, not a default-tier check
