@@ -57,16 +57,19 @@ def test_tp4_with_replicated_kv_heads_on_a_llama_config_equals_single(tmp_path_f
 def test_collectives_and_saved_bytes_per_tp_rank_equal_the_models(sp, no_orphans):
     """Per layer: 4 all-reduces of b·s·h without SP; 4 all-gathers + 4 reduce-scatters of the same payload with SP
     (plus the stage's 2 boundary all-gathers: entering its first block, the backward gathers the gradient; leaving
-    its last, the forward gathers the sequence). Saved bytes per block = ``activation_bytes(tp=2, sp=)`` exactly."""
+    its last, the forward gathers the sequence); and the vocab-parallel embedding and head: 2 all-reduces of b·s·h
+    (embedding output, head input gradient) and the logits' all-gather (b·s·V). Saved bytes per block =
+    ``activation_bytes(tp=2, sp=)`` exactly."""
     res = launch("coursekit.tp.probe", ["--tp", "2", "--seq", "32", "--micro-batch", "2", *(["--sp"] * sp)],
                  nproc=2, timeout=300, stream=False)
     for r in res.results:
         counted = {(op, n): k for op, n, k in r["counted"]}
         modelled = {(op, n): k for op, n, k in r["modelled"]}
+        act = 2 * 32 * 64 * 4  # b·s·h fp32
+        assert modelled[("all_gather", 2 * 32 * 256 * 4)] == 1 and modelled[("all_reduce", act)] == (2 if sp else 10)
         if sp:
-            (ag, payload), = [k for k in modelled if k[0] == "all_gather"]
-            modelled[(ag, payload)] += 2  # the stage boundary (tp/plan.py seq_shard)
-        assert counted == modelled and sum(modelled.values()) == (18 if sp else 8)
+            modelled[("all_gather", act)] += 2  # the stage boundary (tp/plan.py seq_shard)
+        assert counted == modelled and sum(modelled.values()) == (21 if sp else 11)
         # every block saves what the calculator predicts; the first block also saves the eager attention's fp32
         # causal mask (b, 1, s, s), which later blocks share (one storage, counted once)
         first, *rest = r["saved_per_layer"]

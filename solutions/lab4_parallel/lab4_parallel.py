@@ -160,19 +160,26 @@ for _sp in (False, True):
 # `RowwiseParallel` o/down) on 2 processes, one forward + backward under `CollectiveCounter` (`coursekit.tp.probe`),
 # 2 × 32 tokens, fp32, 2 layers of attention + MLP: 4 times your list. With `--sp` the model adds 2 all-gathers
 # outside the layers: the last block's output, gathered for the final norm and head, and in backward the gradient
-# at the first block's token split.
+# at the first block's token split. Outside the layers too, the embedding and head split over the vocabulary
+# (`coursekit.tp.vocab`): the embedding's partial outputs all-reduced, the head's logits all-gathered for the loss,
+# the head input's gradient all-reduced — printed apart.
 
 # %% nbgrader={"grade": false, "grade_id": "demo_tp_probe", "locked": true, "schema_version": 3, "solution": false}
 for _sp in (False, True):
     _r = launch("coursekit.tp.probe", ["--model", MODEL, "--tp", 2, "--seq", 32, "--micro-batch", 2]
                 + (["--sp"] if _sp else []), nproc=2, timeout=240, stream=False).results[0]
-    _counted = {op: (n, k) for op, n, k in _r["counted"]}
+    _layer_bytes = 2 * 32 * 64 * 4  # b·s·h fp32: what the blocks' collectives carry
+    # less the embedding's and the head input gradient's all-reduces (the same b·s·h)
+    _counted = {op: (n, k - 2 * (op == "all_reduce")) for op, n, k in _r["counted"] if n == _layer_bytes}
+    _counted = {op: v for op, v in _counted.items() if v[1]}
+    _outside = [(op, n, k) for op, n, k in _r["counted"] if n != _layer_bytes]
     try:
         _ops = [c[1:3] for c in mlp_collectives(64, 64, 4, _sp)]
         _yours = {op: (n, 2 * _r["layers"] * _ops.count((op, n))) for op, n in _ops}
     except NotImplementedError:
         _yours = "(not written yet)"
-    print(f"sp={_sp}: counted {{op: (bytes, calls)}} {_counted}; yours x 4 {_yours}")
+    print(f"sp={_sp}: counted {{op: (bytes, calls)}} {_counted} (+ the embedding's and head's 2 all-reduces and "
+          f"{_outside}); yours x 4 {_yours}")
 
 # %% [markdown]
 # ## 3. The pipeline bubble

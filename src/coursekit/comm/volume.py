@@ -195,21 +195,29 @@ def _backward_group(reshard, world: int) -> int:
 
 
 def tensor_parallel(layers: int, tokens: int, hidden: int, tp: int, *, act_bytes: int = 2,
-                    sequence_parallel: bool = False, micro_batches: int = 1) -> list[Collective]:
+                    sequence_parallel: bool = False, micro_batches: int = 1,
+                    vocab: int | None = None) -> list[Collective]:
     """Megatron tensor parallelism of the transformer blocks (Shoeybi et al. 2019, §3, operators f and g).
 
     Per layer and micro-batch: the attention block and the MLP each end in an all-reduce of the activations
     (``tokens`` = micro-batch x sequence, x ``hidden`` x ``act_bytes``) in forward (g) and one in backward (f):
     4 all-reduces. With sequence parallelism (Korthikanti et al. 2022) each all-reduce becomes an all-gather plus a
     reduce-scatter of the same full-sequence payload — same wire bytes, activations sharded in between.
-    Vocabulary-parallel embedding / loss collectives are not included.
+
+    ``vocab``: also the vocabulary-parallel embedding and head as ``coursekit.tp.plan.vocab_parallel`` runs them,
+    per micro-batch: the embedding's partial outputs all-reduced (forward), the head's V/tp logits all-gathered for
+    the loss (``tokens x vocab x act_bytes``, forward), its input's partial gradient all-reduced (backward).
+    Megatron's vocab-parallel cross-entropy keeps the logits split instead (three all-reduces of ``tokens`` floats).
     """
     _check(hidden, tp, micro_batches)
     s = tokens * hidden * act_bytes
     k = 4 * layers * micro_batches
-    if sequence_parallel:
-        return merge([Collective("all_gather", s, k, tp), Collective("reduce_scatter", s, k, tp)])
-    return merge([Collective("all_reduce", s, k, tp)])
+    out = [Collective("all_gather", s, k, tp), Collective("reduce_scatter", s, k, tp)] if sequence_parallel else [
+        Collective("all_reduce", s, k, tp)]
+    if vocab is not None and tp > 1:
+        out += [Collective("all_reduce", s, 2 * micro_batches, tp),
+                Collective("all_gather", tokens * vocab * act_bytes, micro_batches, tp)]
+    return merge(out)
 
 
 def _cp_check(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, layers: int, micro_batches: int) -> None:

@@ -159,6 +159,8 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
             t["mlp_dropout.mask"] = mask * n_res * h
 
     e: dict[str, int] = {"input_ids(int64)": 8 * batch * s}  # saved by the embedding backward
+    if tp > 1 and impl == "hf":  # coursekit.tp.vocab: the ids this rank's rows do not hold, zeroed by masked_fill
+        e["embedding.vocab_mask(bool)"] = batch * s
     sh: dict[str, int] = {}
     if shape.positions == "learned":
         e["position_ids(int64)"] = 8 * s  # shape (1, s)

@@ -8,14 +8,15 @@ Per transformer block, on the ``tp`` sub-mesh:
 
 So each block does one all-reduce after attention and one after the MLP in forward (Megatron's "g"), and one each
 in backward at the attention's and the MLP's input (its "f"): the gradients of q, k and v (of gate and up) are
-summed as partial DTensors first, so three projections cost one all-reduce, not three.
+summed as partial DTensors first, so three projections cost one all-reduce, not three. The embedding and the LM
+head are split over the vocabulary (``coursekit.tp.vocab``): V/tp rows of each per rank.
 
 Sequence parallelism (``--sp``, Korthikanti et al. 2022): between the blocks' TP regions the residual stream and
 the norms hold ``seq/tp`` tokens per rank (``SequenceParallel`` norms). Entering attention / the MLP the input is
 all-gathered (Shard(1) → Replicate), leaving it the row-parallel output is reduce-scattered (Partial → Shard(1)):
 same wire bytes as the all-reduce, activations split in between. The stage's first block takes its slice of the
-(replicated) embedding output, its last block's output is all-gathered again, so embedding, final norm and head stay
-replicated, and a pipeline stage sends whole sequences.
+(replicated) embedding output, its last block's output is all-gathered again, so the final norm and the head's
+input stay whole sequences, and a pipeline stage sends whole sequences.
 
 A mixture of experts (Mixtral, Qwen3-MoE; Megatron-Core's expert tensor-parallel size 1): TP splits the attention
 only. The sparse MLP block (router and experts, or EP's slice of them) is whole on every TP rank, and the TP ranks
@@ -116,6 +117,9 @@ class TensorParallel:
                     replicate_kv(proj, mesh, head=rank * kv // tp, head_dim=attn.head_dim)
             # query and key/value heads on this rank (HF repeats K/V heads by this factor)
             attn.num_key_value_groups = (attn.config.num_attention_heads // tp) // max(kv // tp, 1)
+        from coursekit.tp.vocab import vocab_parallel  # torch: `check` runs in the CLI, before any launch
+
+        vocab_parallel(lm, self.family, mesh)
         if self.sp and here:
             seq_shard(here[0], here[-1], mesh)
         from coursekit.parallel.split import mark_partial  # torch: `check` runs in the CLI, before any launch

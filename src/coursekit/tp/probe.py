@@ -47,7 +47,7 @@ def run(argv) -> dict:
         predicted = activation_bytes(shape, b, s, dtype="fp32", attention="eager", kernels="cpu", tp=tp,
                                      sp=sp).per_layer
         model_ops = volume.tensor_parallel(shape.layers, b * s, shape.hidden, tp, act_bytes=4,
-                                           sequence_parallel=sp)
+                                           sequence_parallel=sp, vocab=shape.vocab)
         return {"rank": info.rank, "layers": shape.layers,
                 "counted": [[op, n, k] for (op, n), k in sorted(ops.items())],
                 "modelled": [[c.op, c.bytes, c.count] for c in model_ops],
