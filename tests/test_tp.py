@@ -30,6 +30,17 @@ def test_qwen3_qk_norm_gradients_are_summed_over_tp_ranks(no_orphans):
     assert_grads_equal_one_process(["--model", "tiny-qwen3"], "ddp", 2, layout=["--tp", "2"])
 
 
+def test_vocab_parallel_embedding_and_head_with_uneven_vocab_and_tied_weights(tmp_path, no_orphans):
+    """The embedding and head split over the vocabulary (coursekit.tp.vocab): 251 token ids over 2 ranks are rows
+    0-125 and 126-250 (torch.chunk's split, as Shard(0)), and a tied head is the same sharded weight as the
+    embedding: every gradient (the tied one gets both uses) equals one process's (a broken tie would list the head's
+    weight apart, a wrong row offset would look up other rows)."""
+    from parity import llama_file
+
+    cfg = llama_file(tmp_path, vocab_size=251, tie_word_embeddings=True)
+    assert_grads_equal_one_process(["--model", cfg], "ddp", 2, layout=["--tp", "2"])
+
+
 def test_tp2_with_sequence_parallelism_equals_single(no_orphans):
     res = train("ddp", 2, "--tp", "2", "--sp")
     assert_equal_to_single(res, baseline())
