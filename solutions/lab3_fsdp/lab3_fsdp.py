@@ -145,7 +145,7 @@ assert fsdp2_bytes([[6, 2]], 4, 0) == {"params": 16, "grads": 16, "optimizer": 3
 assert fsdp2_bytes([[6, 2]], 4, 3) == {"params": 16, "grads": 16, "optimizer": 4}, "rank 3 owns no row of 6"
 assert [fsdp2_bytes(SHAPES, 3, _r)["optimizer"] for _r in range(3)] == [339_396, 339_396, 323_444]
 assert fsdp2_bytes(SHAPES, 3, 2)["params"] == 169_656, "what the trainer's ranks held above"
-print("fsdp2_bytes: tiny-llama on 3 ranks, padded parameters and per-rank AdamW states, as the trainer held them")
+print("shard_by_hand: fsdp2_bytes of tiny-llama on 3 ranks, padded parameters and per-rank AdamW states, as held")
 
 # %% nbgrader={"grade": true, "grade_id": "shard_by_hand_live", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 _want = [fsdp2_bytes(SHAPES, 3, _r) for _r in range(3)]
