@@ -171,8 +171,9 @@ MOE = ("--router-aux-loss-coef", "0")
     ("ddp", 4, ("--pp", "2", "--pp-schedule", "gpipe")),
     ("ddp", 2, ("--recompute", "full")),
     pytest.param("ddp", 4, ("--tp", "2", "--sp"), marks=pytest.mark.slow),  # default tier: the SP trainer case below
+    ("hsdp", 4, ("--dp-replicate", "2", "--dp-shard", "2")),
 ], ids=["ddp2-ep2", "ddp4-ep2", "dp2xcp2-ep2", "dp2xtp2-ep2", "fsdp2-dp2xtp2-ep2", "pp2xdp2-ep2", "ep2-recompute",
-        "dp2xtp2-sp-ep2"])
+        "dp2xtp2-sp-ep2", "hsdp2x2-ep2"])
 def test_every_gradient_equals_one_process(strategy, nproc, extra, no_orphans):
     """Adam is blind to a uniformly scaled gradient (a missing 1/ep would still train 'equal to one process'), so
     the gradients themselves: after one backward and the strategy's reduction, every dense parameter's gradient and
@@ -180,7 +181,8 @@ def test_every_gradient_equals_one_process(strategy, nproc, extra, no_orphans):
     context parallelism, whose ranks EP borrows as well, and with tensor parallelism, whose ranks split the sparse
     block's tokens (router and expert gradients summed over them; without that sum they are each rank's part); with
     pipeline stages (each stage's experts split over the data ranks of that stage) and with full recompute (the
-    dispatch and combine run again in backward, with the same splits)."""
+    dispatch and combine run again in backward, with the same splits); with HSDP (EP borrows the shard ranks; each
+    expert slice is sharded over the replicate ranks that hold it)."""
     from parity import assert_grads_equal_one_process
 
     assert_grads_equal_one_process(["--model", "tiny-qwen3-moe", *MOE], strategy, nproc, layout=["--ep", 2, *extra])

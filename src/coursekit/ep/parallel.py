@@ -29,8 +29,8 @@ class ExpertParallel:
             raise ValueError(f"--ep {ep} does not divide the {shape.experts} experts of {model}")
         if opts.train.compile:
             raise ValueError("--ep with --compile is not supported yet (the dispatch's uneven all-to-all splits are "
-                             "data-dependent: a graph break per layer); expert parallelism composes with data, FSDP2, "
-                             "tensor, pipeline and context parallelism, recompute and DCP checkpoints")
+                             "data-dependent: a graph break per layer); expert parallelism composes with data, "
+                             "FSDP2/HSDP, tensor, pipeline and context parallelism, recompute and DCP checkpoints")
 
     def __init__(self, ctx):
         self.ctx = ctx

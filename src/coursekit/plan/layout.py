@@ -69,7 +69,7 @@ class Layout:
         if (self.dp * self.cp) % self.ep:
             raise ValueError(f"layout ep {self.ep} does not divide the dp x cp = {self.dp * self.cp} ranks it borrows")
         if self.ep > 1 and self.engine == "deepspeed":
-            raise ValueError("layout ep > 1 runs with DDP or FSDP2 (as the trainer does), not DeepSpeed")
+            raise ValueError("layout ep > 1 runs with DDP, FSDP2 or HSDP (as the trainer does), not DeepSpeed")
         if self.virtual_stages > 1 and (self.pp == 1 or self.pp_schedule != "1f1b"):
             raise ValueError("virtual_stages > 1 is the interleaved 1F1B schedule: needs pp > 1 and pp_schedule=1f1b")
 

@@ -79,7 +79,7 @@ PARALLELISMS = {
     "cp": Parallelism("coursekit.cp.parallel:ContextParallel", mesh=30, order=20, groups=("loss", "fsdp"),
                       help="context-parallel (the sequence is split over these ranks)"),
     "ep": Parallelism("coursekit.ep.parallel:ExpertParallel", mesh=0, order=25, options="coursekit.ep:EPOptions",
-                      borrows="loss", strategies=("ddp", "fsdp2"),
+                      borrows="loss", strategies=("ddp", "fsdp2", "hsdp"),
                       help="expert-parallel (a mixture-of-experts model's experts split over data-parallel ranks)"),
 }
 MESH_PARALLELISMS = tuple(n for n, e in PARALLELISMS.items() if e.borrows is None)  # those with a mesh axis
