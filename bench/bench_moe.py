@@ -2,6 +2,7 @@
 
     python bench/bench_moe.py                 # presets, one EP run, the aux loss over 300 steps
     python bench/bench_moe.py --steps 20 --json
+    python bench/bench_moe.py --plot moe.png   # also the per-expert token shares per step (layer 0)
 
 1. Presets: total and active parameters of the real MoE models (the calculator's, equal to transformers' meta count
    in tests/test_memory_presets.py).
@@ -64,8 +65,29 @@ def aux_effect(model: str, steps: int) -> list[dict]:
         imb = [s["expert_imbalance"] for s in rec["steps"]]
         k = max(1, steps // 10)
         out.append({"aux_loss_coef": coef, "imbalance_first": sum(imb[:k]) / k, "imbalance_last": sum(imb[-k:]) / k,
-                    "loss_first": rec["steps"][0]["loss"], "loss_last": rec["steps"][-1]["loss"]})
+                    "loss_first": rec["steps"][0]["loss"], "loss_last": rec["steps"][-1]["loss"],
+                    "expert_tokens": [s["expert_tokens"] for s in rec["steps"]]})  # [step][layer][expert]
     return out
+
+
+def plot(aux: list[dict], path: str) -> None:
+    """Per-expert share of layer 0's token choices per step, one panel per aux-loss weight (from the --json records)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(aux), figsize=(4 * len(aux), 3), sharey=True)
+    for ax, r in zip(axes, aux):
+        counts = [step[0] for step in r["expert_tokens"]]
+        for e in range(len(counts[0])):
+            ax.plot([c[e] / sum(c) for c in counts], lw=0.8, label=f"expert {e}")
+        ax.axhline(1 / len(counts[0]), color="k", ls=":", lw=0.8)
+        ax.set(title=f"aux loss coef {r['aux_loss_coef']}", xlabel="step")
+    axes[0].set_ylabel("share of layer 0's choices")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 IMBALANCE = r"""
@@ -129,11 +151,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--model", default="tiny-qwen3-moe")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", metavar="PNG", help="per-expert token shares per step of the aux-loss runs")
     a = p.parse_args(argv)
     presets = {n: {"total": preset(n).num_params(), "active": preset(n).num_active_params()}
                for n in ("qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b", a.model)}
     res = {"presets": presets, "ep_run": ep_run(a.model), "aux_loss": aux_effect(a.model, a.steps),
            "imbalance_cost": imbalance_cost()}
+    if a.plot:
+        plot(res["aux_loss"], a.plot)
     if a.json:
         print(json.dumps(res, indent=1))
         return 0

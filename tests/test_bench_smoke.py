@@ -230,8 +230,12 @@ def test_bench_profiling_overlap(tmp_path, no_orphans):
 
 
 @pytest.mark.slow  # default-tier budget (~70 s: four launches); its EP run's checks are test_ep's trainer test
-def test_bench_moe(no_orphans):
-    d = json.loads(bench("bench_moe.py", "--steps", "3", "--json"))
+def test_bench_moe(tmp_path, no_orphans):
+    png = tmp_path / "moe.png"
+    d = json.loads(bench("bench_moe.py", "--steps", "3", "--json", "--plot", str(png)))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the plot's counts are the records': every step's layer counts sum to the step's choices (tokens x top-k)
+    assert all(sum(layer) == 8 * 64 * 2 for r in d["aux_loss"] for step in r["expert_tokens"] for layer in step)
     assert all(0 < v["active"] < v["total"] for v in d["presets"].values())
     for r in d["ep_run"]:  # measured on the run's ranks, predicted from the router counts they recorded
         assert r["all_to_all_bytes"] == r["all_to_all_predicted"] > 0
