@@ -1,6 +1,7 @@
 """Persistent ranks for notebooks (``coursekit.pool``): one pool of 2 ranks started once for the whole file and
 kept across "cells", as a notebook keeps it; its processes are stamped, and the file's last test closes it and
 checks nothing is left (the module fixture is marked ``keeps_processes`` for the per-test orphan guard)."""
+import re
 import time
 
 import psutil
@@ -62,11 +63,16 @@ def test_an_error_on_one_rank_shows_its_traceback_and_the_pool_stays_usable(pool
 
 
 def test_a_hang_times_out_naming_the_rank_and_the_pool_restarts(pool, capsys):
-    """Rank 0 enters a barrier rank 1 never joins: a TimeoutError names rank 0, the pool comes back with fresh
-    ranks (the old state is gone) that run collectives again."""
-    pool.run("y = 1")
-    with pytest.raises(TimeoutError, match=r"rank\(s\) 0 .*restarted with 2 fresh ranks"):
-        pool.run("if rank == 0:\n    dist.barrier()\n", timeout=3)
+    """Rank 0 enters an all-reduce rank 1 never joins: a TimeoutError names rank 0 and carries the flight
+    recorder's diagnosis (every rank dumped on request, rank 0 from inside the collective: rank 1 never reached
+    that collective, rank 0's line of the cell); the pool comes back with fresh ranks (the old state is gone) that
+    run collectives again."""
+    pool.run("y = 1; dist.all_reduce(torch.ones(2))")
+    with pytest.raises(TimeoutError, match=r"rank\(s\) 0 .*restarted with 2 fresh ranks") as e:
+        pool.run("if rank == 0:\n    dist.all_reduce(torch.ones(3))\n", timeout=3)
+    msg = str(e.value)
+    assert re.search(r"flight recorder: TIMEOUT: rank\(s\) 1 had not reached collective #\d+", msg), msg
+    assert "rank 0: all_reduce in [[3]]" in msg and "dist.all_reduce(torch.ones(3))" in msg, msg
     pool.run("print('y' in dir()); t = torch.tensor([rank + 1]); dist.all_reduce(t); print(t.item())")
     out = capsys.readouterr().out
     assert "[rank 1] False" in out and "[rank 0] 3" in out and "[rank 1] 3" in out

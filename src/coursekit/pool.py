@@ -12,8 +12,10 @@ Each rank is an ipyparallel engine (a kernel of its own); ``rank``, ``world_size
 ``dist`` (torch.distributed, initialised) are defined in it. A cell's output comes back labelled by rank. An
 exception on any rank raises :class:`RankError` with each failing rank's traceback, the cell's own frames first,
 and the pool stays usable. A cell that does not finish within ``timeout`` seconds (a collective one rank never
-joins) raises ``TimeoutError`` naming the ranks still running, and the pool is restarted: a rank stuck inside a
-collective cannot be interrupted, only replaced. Every process carries the launch stamp
+joins) raises ``TimeoutError`` naming the ranks still running, with the flight-recorder diagnosis Module 5 teaches
+(``coursekit.profiling.hangs``: every rank dumps its recorder on request, from a thread of its own, so a rank blocked
+in a collective dumps too; the error says which collective which ranks never reached), and the pool is restarted: a
+rank stuck inside a collective cannot be interrupted, only replaced. Every process carries the launch stamp
 (``coursekit.launch.stamped_env``), so the test suite's orphan guard sees them, and ``close`` stops what is left.
 
 Why ipyparallel (9.x): a maintained project (Jupyter), engines that are real kernels (state across cells, rich
@@ -25,8 +27,13 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
+import tempfile
 import textwrap
+import threading
+import time
 import uuid
+from pathlib import Path
 
 from coursekit.dist import free_port
 from coursekit.launch import LAUNCH_ID_ENV, reap, stamped_env
@@ -55,12 +62,30 @@ def init_rank(rank: int, world: int, port: int, device: str) -> str:
     return device
 
 
-_SETUP = """import torch
+def dump_on_request(trigger: str) -> None:
+    """Runs in each engine: a daemon thread that writes this rank's flight-recorder dump (``coursekit.profiling.
+    frwrap.dump``, into ``$COURSEKIT_FR_DIR``) when the pool creates ``trigger`` — while the main thread may sit
+    inside a collective (which releases the GIL)."""
+    from coursekit.profiling import frwrap
+
+    def watch():
+        while not os.path.exists(trigger):
+            time.sleep(0.1)
+        frwrap.dump("stuck")
+
+    threading.Thread(target=watch, name="coursekit-pool-fr", daemon=True).start()
+
+
+_SETUP = """import os
+os.environ.update(RANK=str({rank}), WORLD_SIZE=str({world}))  # the flight recorder's dumps are named by rank
+import torch
 import torch.distributed as dist
-from coursekit.pool import init_rank as _init_rank
+from coursekit.pool import dump_on_request as _dump_on_request, init_rank as _init_rank
 rank, world_size = {rank}, {world}
 device = _init_rank(rank, world_size, {port}, {device!r})
+_dump_on_request({trigger!r})
 """
+FR_WAIT_S = 10.0  # how long a hang's diagnosis waits for every rank's dump
 
 
 class Pool:
@@ -78,9 +103,14 @@ class Pool:
     def _start(self) -> None:
         import ipyparallel as ipp
 
+        from coursekit.profiling.frwrap import DIR_ENV
+
         self._launch_id = uuid.uuid4().hex
+        self._fr = tempfile.mkdtemp(prefix="coursekit-pool-fr-")
         saved = dict(os.environ)
-        os.environ.update(stamped_env({LAUNCH_ID_ENV: self._launch_id}))  # the engines inherit it
+        # the engines inherit the launch stamp and the flight recorder's settings (gloo records, never writes)
+        os.environ.update(stamped_env({LAUNCH_ID_ENV: self._launch_id}), TORCH_FR_BUFFER_SIZE="2000",
+                          **{DIR_ENV: self._fr})
         try:
             self._cluster = ipp.Cluster(n=self.n, engines="local", log_level=40)
             self._client = self._cluster.start_and_connect_sync(activate=False)
@@ -92,8 +122,9 @@ class Pool:
         self._engines = {rank: self._client[e] for rank, e in enumerate(ids)}
         self._view = self._client[ids]
         port = free_port()  # every rank joins the group at once: the cells' names (rank, device, dist) defined
-        setup = {r: v.execute(_SETUP.format(rank=r, world=self.n, port=port, device=self.device), block=False)
-                 for r, v in self._engines.items()}
+        trigger = str(Path(self._fr) / "dump-now")
+        setup = {r: v.execute(_SETUP.format(rank=r, world=self.n, port=port, device=self.device, trigger=trigger),
+                              block=False) for r, v in self._engines.items()}
         for ar in setup.values():
             ar.get(timeout=self.start_timeout)
         self.devices = {r: d for r, d in zip(self._engines, self._view.pull("device", block=True))}
@@ -108,6 +139,7 @@ class Pool:
         finally:
             self._cluster = self._client = None
             reap(self._launch_id)
+            shutil.rmtree(self._fr, ignore_errors=True)
 
     def restart(self) -> None:
         """Fresh ranks of the same size (every rank's state is gone)."""
@@ -170,13 +202,31 @@ class Pool:
         stuck = sorted(r for r, ar in pending.items() if not ar.ready())
         if stuck:
             echo.flush()
+            diagnosis = self._diagnose()
             self.restart()
             raise TimeoutError(f"the cell did not finish within {timeout:g} s on rank(s) "
                                f"{', '.join(map(str, stuck))} (a collective some rank never joined?); the pool "
-                               f"was restarted with {self.n} fresh ranks")
+                               f"was restarted with {self.n} fresh ranks\n{diagnosis}")
         for ar in pending.values():
             ar.wait_for_output(timeout=5)
         echo.flush()
+
+    def _diagnose(self) -> str:
+        """Every rank's flight-recorder dump, then ``coursekit.profiling.hangs``' reading of them (text)."""
+        from coursekit.profiling import hangs
+
+        folder = Path(self._fr)
+        (folder / "dump-now").touch()
+        end = time.monotonic() + FR_WAIT_S
+        while time.monotonic() < end and len(list(folder.glob("fr_trace_*.pkl"))) < self.n:
+            time.sleep(0.1)
+        keep = Path(tempfile.mkdtemp(prefix="coursekit-pool-hang-"))  # outlives the restart, for torchfrtrace
+        for f in folder.glob("fr_trace_*"):
+            shutil.copy(f, keep / f.name)
+        try:
+            return "flight recorder: " + hangs.summary(hangs.diagnose(keep, world=self.n, timed_out=True))
+        except Exception as e:  # noqa: BLE001 (the timeout stands without a diagnosis)
+            return f"flight recorder: no diagnosis ({type(e).__name__}: {e}); dumps in {keep}"
 
     def magics(self) -> None:
         """Register ``%%ranks`` in this IPython session: the cell runs on every rank of this pool."""
