@@ -65,6 +65,24 @@ def test_every_exercise_has_visible_and_hidden_tests(name):
         assert any(t.source.split(HIDDEN_BEGIN)[0].strip("# \n") for t in ex.tests), f"{ex.name}: no visible test"
 
 
+@pytest.mark.parametrize("name", LABS)
+def test_every_visible_test_prints_one_line_named_by_its_exercise(name):
+    """The source side of test_executed_solution_reads_well (slow tier: the executed lines): a visible test cell ends
+    in one print whose text starts with its exercise's name (grade id ``moe_a2a_visible`` -> "moe..."), so a passing
+    test reads as one recognisable line in the feedback."""
+    import re
+
+    from coursekit.course.feedback import strip_hidden
+
+    for cell in read_lab(COURSE, name).cells:
+        code = strip_hidden(cell.source) if cell.kind == "test" else ""
+        if not [ln for ln in code.split("\n") if ln.strip() and not ln.startswith("#")]:
+            continue
+        prints = re.findall(r'^print\(f?["\'](.*)', code, re.M)
+        prefix = cell.grade_id.rsplit("_visible", 1)[0].split("_")[0]
+        assert len(prints) == 1 and prints[0].startswith(prefix), (cell.grade_id, prints)
+
+
 def _partial(lab) -> nbformat.NotebookNode:
     """The release with the first exercise's solution cells replaced by the instructor's."""
     nb = nbformat.read(COURSE.release_path(lab.name), as_version=4)

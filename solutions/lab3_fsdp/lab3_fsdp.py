@@ -158,7 +158,7 @@ for _r in _ranks:
     _h, _w = _r["held"], _want[_r["rank"]]
     assert [_h["params_bytes"], _h["grads_bytes"], _h["optimizer_bytes"]] == [_w["params"], _w["grads"],
                                                                               _w["optimizer"]], f"rank {_r['rank']}"
-print("wrap: blocks then root, every parameter Shard(dim=0); each of 3 ranks held exactly what fsdp2_bytes says")
+print("shard_by_hand: blocks then root, every parameter Shard(dim=0); each of 3 ranks held what fsdp2_bytes says")
 
 # %% nbgrader={"grade": true, "grade_id": "shard_by_hand_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests try other shapes and world sizes (the calculator's layout for tiny-llama on 4 ranks).

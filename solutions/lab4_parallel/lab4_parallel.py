@@ -637,7 +637,7 @@ def a2a_payloads(counts: list, rank: int, hidden: int, dtype_bytes: int) -> tupl
 _counts = [[3, 1, 0, 4], [2, 2, 2, 2]]  # 2 EP ranks, 4 experts: rank 0 holds experts 0-1, rank 1 experts 2-3
 assert a2a_payloads(_counts, 0, 16, 4) == (8 * 64, 8 * 64)  # rank 0 sends its 8 rows; 3+1+2+2 = 8 come back to it
 assert a2a_payloads(_counts, 1, 16, 4) == (8 * 64, 8 * 64)  # ... and rank 1 computes 0+4+2+2 = 8 rows
-print("a2a_payloads: the dispatch sends all of a rank's rows, the combine returns the rows its experts computed")
+print("moe_a2a: a2a_payloads: the dispatch sends all of a rank's rows, the combine returns the rows its experts computed")
 
 # %% nbgrader={"grade": true, "grade_id": "moe_a2a_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests: uneven routers (an expert nobody picks, one everybody picks) on 2, 4 and 8 ranks, against
@@ -673,7 +673,7 @@ def expert_params_per_rank(experts: int, hidden: int, expert_ffn: int, ep: int) 
 # %% nbgrader={"grade": true, "grade_id": "moe_params_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert expert_params_per_rank(4, 64, 32, 1) == 4 * 64 + 4 * 3 * 32 * 64
 assert expert_params_per_rank(4, 64, 32, 2) == 4 * 64 + 2 * 3 * 32 * 64
-print("expert_params_per_rank: the router whole, the experts split")
+print("moe_params: expert_params_per_rank keeps the router whole, splits the experts")
 
 # %% nbgrader={"grade": true, "grade_id": "moe_params_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests: the real models' layers, against the calculator's shapes (which equal transformers' own count).

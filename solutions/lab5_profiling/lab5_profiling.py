@@ -46,7 +46,7 @@ MODEL_CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 
 GLOBAL_BATCH, SEQ, STEPS = 8, 32, 6  # sequences per step over both ranks, tokens per sequence, steps per run
 SMALL_BUCKET_MB, ONE_BUCKET_MB = 0.1, 1000  # ~45 buckets per backward, or a single one
 PREFETCH = 2  # FSDP2 gathers the next 2 blocks ahead (section 1's last cells)
-SLOW_RANK, SLOW_MS = 1, 100  # section 4: rank 1 sleeps 100 ms at the start of every step
+SLOW_RANK, SLOW_MS = 1, 300  # section 4: rank 1 sleeps 300 ms per step (well above a loaded machine's noise)
 KILL_AT_STEP, SAVE_EVERY = 3, 2  # section 5
 
 
@@ -202,7 +202,7 @@ for _run in (no_prefetch(), prefetch_ahead()):
         _pct.setdefault(_run["dir"], []).append(_mine["overlap_pct"])
 _none, _ahead = (statistics.median(_pct[_run["dir"]]) for _run in (no_prefetch(), prefetch_ahead()))
 assert _ahead > _none, "prefetched all-gathers should hide behind compute"
-print(f"FSDP2 overlap {_none:.0f} % without prefetch, {_ahead:.0f} % with --prefetch {PREFETCH} (medians)")
+print(f"overlap_prefetch: FSDP2 overlap {_none:.0f} % without prefetch, {_ahead:.0f} % with --prefetch {PREFETCH} (medians)")
 
 # %% [markdown]
 # On GPUs `coursekit trace` counts `nccl*Kernel*` kernels as communication and every other kernel as compute, with
