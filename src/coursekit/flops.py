@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from coursekit.memory.calculator import resolve_model
 from coursekit.memory.errors import ConfigError, choice, positive_int
+from coursekit.memory.op_recompute import recomputed_params
 from coursekit.memory.shapes import ModelShape
 
 _MATMUL_TERMS = ("q_proj", "kv_proj", "o_proj", "mlp_in_proj", "mlp_out_proj")
@@ -48,7 +49,7 @@ def flops_per_step(model, batch: int, seq: int, *, causal: bool = False, recompu
     """
     shape: ModelShape = resolve_model(model)
     b, s = positive_int("batch", batch), positive_int("seq", seq)
-    choice("recompute", recompute, ("none", "selective", "full"))
+    choice("recompute", recompute, ("none", "selective", "full", "op"))
     tokens = b * s
     n = matmul_params(shape)
     attn_fwd = 4 * shape.layers * b * shape.heads * s * s * shape.head_dim * (0.5 if causal else 1.0)
@@ -58,6 +59,9 @@ def flops_per_step(model, batch: int, seq: int, *, causal: bool = False, recompu
         extra = 2 * (n - shape.vocab * shape.hidden) * tokens + attn_fwd
     elif recompute == "selective":  # the attention core again
         extra = attn_fwd
+    elif recompute == "op":  # torchtitan's per-op policy: the matmuls it does not keep (every second mm; a MoE
+        # block's router and experts); the SDPA kernel's output is kept (coursekit.memory.op_recompute)
+        extra = 2 * shape.layers * recomputed_params(shape) * tokens
     dense = 6 * n * tokens
     return {"dense": dense, "attention": attn_fwd + attn_bwd, "recompute": extra,
             "total": dense + attn_fwd + attn_bwd + extra}

@@ -28,6 +28,8 @@ from collections import defaultdict
 
 import torch
 
+from coursekit.measure.sac import observing
+
 _LAYER_RE = re.compile(r"^(.*?\.?)(\d+)(\.|$)")  # the first integer path segment: model.layers.3.mlp -> layers.3
 
 
@@ -72,8 +74,8 @@ def _capture(model: torch.nn.Module, input_ids, labels, forward_kwargs, on_new, 
         return t
 
     forward_kwargs.setdefault("use_cache", False)
-    try:
-        with _meta_friendly(input_ids), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    try:  # a selective checkpoint's kept outputs bypass the hooks (coursekit.measure.sac)
+        with _meta_friendly(input_ids), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), observing(pack):
             out = model(input_ids=input_ids, labels=labels, **forward_kwargs)
     finally:
         for h in handles:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import weakref
 
 from coursekit.measure.activations import _held, _storage_key
+from coursekit.measure.sac import observing
 
 
 class SavedPeak:
@@ -44,12 +45,12 @@ class SavedPeak:
         # looked up for every new storage: the local tensor of a DTensor's view is not itself a view
         return key not in self.live and key in {_storage_key(p) for p in self.model.parameters()}
 
-    def pack(self, t):
+    def pack(self, t, kept: bool = False):
         held = _held(t)  # a DTensor saves its local shard
         key = held.untyped_storage()._cdata
         if key in self.excluded or (self.model is not None and self._model_state(t, key)):
             return t
-        alias = t.detach()
+        alias = t if kept else t.detach()  # kept: a selective checkpoint's own stored tensor, watched itself
         entry = self.live.get(key)
         if entry is None:  # a new storage: counted until the last tensor watched on it is gone
             entry = self.live[key] = [0, held.untyped_storage().nbytes()]
@@ -76,7 +77,10 @@ class SavedPeak:
 
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
         self._hooks.__enter__()
+        self._kept = observing(lambda t: self.pack(t, kept=True))  # what a selective checkpoint stores itself
+        self._kept.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._kept.__exit__(*exc)
         self._hooks.__exit__(*exc)

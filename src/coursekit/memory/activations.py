@@ -21,7 +21,9 @@ Profiles (``impl`` × ``kernels``):
   (save the input and fp32 statistics only), CUDA dropout masks; the MLP and loss stay as HF writes them.
 
 Recompute: ``selective`` checkpoints the attention core (QKᵀ, softmax, dropout, ·V): only its inputs q, k, v and its
-output stay; ``full`` checkpoints whole layers: one ``b·s·h`` input per layer stays.
+output stay; ``full`` checkpoints whole layers: one ``b·s·h`` input per layer stays; ``op`` (torchtitan's per-op
+selective checkpoint) keeps each layer's input and the outputs of every second matmul
+(``coursekit.memory.op_recompute``).
 Parallelism: TP splits heads and FFN width (K/V heads: max(1, k/t)); sequence parallelism (``sp``) also splits the
 residual-stream tensors (norms, dropout masks) over TP ranks; CP splits the sequence. ``cp_impl``: ring attention
 keeps q, k, v, output and log-sum-exp of its own s/C rows (the flash terms at s/C, ``coursekit.cp.ring``);
@@ -37,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from coursekit.memory import op_recompute
 from coursekit.memory.errors import ConfigError, choice
 from coursekit.memory.shapes import ModelShape
 from coursekit.spec.run import ATTENTION, CP_IMPLS, RECOMPUTE  # noqa: F401 (the run description's choices)
@@ -137,6 +140,10 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     t: dict[str, int] = {}
     if recompute == "full":
         t["layer_input(checkpoint)"] = P * n_res * h
+    elif recompute == "op":  # torchtitan's per-op policy: coursekit.memory.op_recompute
+        op_recompute.check(shape, tp=tp, cp=cp, ep=ep)
+        t.update(op_recompute.layer_terms(shape, kernel, P=P, n=n, a=a, k=k, d=d, h=h, f=f, batch=batch, s=s,
+                                          p_attn=p_attn, cuda=cuda, rng_state=_RNG_STATE))
     else:
         t.update(norm("attn_norm"))
         t.update(_attention(shape, kernel, recompute, P=P, n=n, a=a, k=k, d=d, h=h, tp=tp, ss=ss, batch=batch, s=s,
@@ -164,7 +171,7 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     sh: dict[str, int] = {}
     if shape.positions == "learned":
         e["position_ids(int64)"] = 8 * s  # shape (1, s)
-    elif recompute != "full":
+    elif recompute not in ("full", "op"):
         # (1, s, d) each, or (b, s, d) from per-sequence position ids; shared by all layers (checkpoints hold them
         # otherwise)
         sh["rope_cos_sin"] = 2 * (batch if position_ids == "per-sequence" else 1) * s * d * P

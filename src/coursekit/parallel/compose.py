@@ -3,7 +3,8 @@
     1. PP split   (coursekit.pp)   keep this rank's stage of blocks
     2. TP         (coursekit.tp)   DTensor plan on the tp sub-mesh
     3. CP         (coursekit.cp)   attention over sequence shards (Module 4)
-    4. activation checkpointing    --recompute full: every block recomputes its forward in backward
+    4. activation checkpointing    --recompute full: every block recomputes its forward in backward; op:
+                                   torchtitan's per-op policy (coursekit.parallel.recompute)
     5. compile                     --compile: torch.compile each block (in place, so wrappers keep their hooks)
     6. data parallel               the strategy's wrap (DDP, ZeRO, FSDP2 ...) in ``strategy.setup``
 
@@ -14,6 +15,7 @@ Each parallelism knows only its own sub-mesh (``ctx.mesh["tp"]``, ...).
 """
 from __future__ import annotations
 
+from coursekit.parallel.recompute import enable_op_recompute
 from coursekit.spec import registry
 
 
@@ -32,6 +34,8 @@ def parallelize(model, strategy, ctx):
     for lm in model_parts(model):
         if t.recompute == "full":
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif t.recompute == "op":
+            enable_op_recompute(lm)
         if t.compile:
             from coursekit.models import blocks
 

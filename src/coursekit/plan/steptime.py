@@ -13,7 +13,10 @@ Compute (per micro-batch, on the busiest pipeline stage: ceil(L/pp) layers plus 
     hidden vector per token (each TP rank does all of them unless sequence parallelism splits them) and E_F of an
     MLP vector, forward + backward, each layer at least OPS_PER_LAYER kernel floors; the loss reads/writes the
     fp32 logits LOSS_PASSES times.
-  * recompute: full re-runs every layer's forward; selective re-runs the attention core.
+  * recompute: full re-runs every layer's forward; selective re-runs the attention core; op (torchtitan's per-op
+    policy, ``coursekit.memory.op_recompute``) re-runs the forward of the ops it does not keep: the GEMMs of every
+    second mm (k, o and the MLP's up, or proj; a MoE block's router and experts) and the element-wise forward
+    (a third of the element-wise traffic); q, v, gate, down and the attention kernel's output are kept.
 
 Communication: bytes from ``coursekit.comm.volume`` conventions (wire bytes per rank = payload x busbw factor);
 time = alpha + wire / busbw for the link of the group: NVLink when the group's ranks fit in a node (mesh order
@@ -224,7 +227,11 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[flo
         gemms += [(t / tp, h, shape.experts), (rows, h, 2 * shape.moe_ffn), (rows, shape.moe_ffn, h)]
     else:
         gemms += [(t, h, n_in * f / tp), (t, f / tp, h)]
-    g_fwd = sum(gemm_time(*g, hw, dtype) for g in gemms)
+    g_fwd, g_op = sum(gemm_time(*g, hw, dtype) for g in gemms), 0.0
+    if L.recompute == "op":  # the GEMMs the op policy recomputes: k, o; the MLP's up (proj), or router + experts
+        redo = [(t, h, kv_heads * d), (t, heads * d, h)]
+        redo += gemms[2:] if shape.is_moe else [(t, h, f / tp) if n_in == 2 else (t, f / tp, h)]
+        g_op = sum(gemm_time(*g, hw, dtype) for g in redo)
     if attention == "flash":
         fl = 4 * L.micro_batch * heads * (seq / cp) * seq * d * 0.5  # causal, load-balanced over CP ranks
         a_fwd = max(fl / (hw.peak(dtype) * hw.attn_fraction), hw.kernel_floor_s)
@@ -236,7 +243,7 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[flo
         a_bwd = 2 * a_fwd
     elem = t * (E_H * h / (tp if sp else 1) + E_F * f / tp) * act / (hw.hbm_bw * HBM_FRACTION)
     elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s)
-    rc = {"none": 0.0, "selective": a_fwd, "full": g_fwd + a_fwd + elem / 3}[L.recompute]
+    rc = {"none": 0.0, "selective": a_fwd, "full": g_fwd + a_fwd + elem / 3, "op": g_op + elem / 3}[L.recompute]
     return 3 * g_fwd + a_fwd + a_bwd + elem + rc, a_fwd, a_bwd
 
 

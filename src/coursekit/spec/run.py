@@ -15,10 +15,12 @@ CP_IMPLS = ("ring", "ulysses")
 """Context-parallel attention (``--cp-impl``): ring attention or DeepSpeed-Ulysses' all-to-all."""
 ATTENTION = ("sdpa", "eager")
 """Attention implementation as transformers names it (``--attention``)."""
-RECOMPUTE = ("none", "selective", "full")
-"""Activation recomputation (``--recompute``): the calculator and the planner model all three; the trainer runs
-``TRAINER_RECOMPUTE``."""
-TRAINER_RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
+"""Activation recomputation (``--recompute``): the calculator and the planner model all four; the trainer runs
+``TRAINER_RECOMPUTE``. ``op`` is torchtitan's per-op selective checkpoint (its default "selective" AC: each block
+keeps its input and the outputs of a save list of ops, every second matmul among them); ``selective`` is
+Megatron's (the attention core recomputed)."""
+TRAINER_RECOMPUTE = ("none", "full", "op")
 
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-8}
 """The course's AdamW hyper-parameters, everywhere: the trainer's optimizer factory (``coursekit.parallel.api.adamw``),

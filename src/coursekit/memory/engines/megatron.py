@@ -127,7 +127,9 @@ def per_stage(shape, c, acts: ActivationReport) -> list[dict]:
 
 def activations(shape, c) -> tuple[ActivationReport, int]:
     """Saved activations of one micro-batch on this TP/CP rank, and the recompute working set: one layer's
-    activations under full recompute, one attention core under selective (backward re-runs one at a time)."""
+    activations under full recompute, one attention core under selective (backward re-runs one at a time); under
+    op (torchtitan's per-op policy) one layer's activations too, as under full (an upper bound: the re-run's kept
+    outputs are the ones already counted)."""
     kw = dict(dtype=c.dtype, attention=c.attention, impl=c.impl, kernels=c.kernels, dropout=c.dropout, tp=c.tp,
               sp=c.sp, cp=c.cp, cp_impl=c.cp_impl, position_ids=c.position_ids, ep=c.ep,
               aux_loss=c.aux_loss and shape.aux_loss_coef > 0)
