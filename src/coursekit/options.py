@@ -54,7 +54,8 @@ class TrainingOptions:
     data: str = field(default="synthetic", metadata={"choices": ("synthetic", "text")})
     """synthetic arithmetic sequences, or byte windows of the shipped text corpus."""
     recompute: str = field(default="none", metadata={"choices": TRAINER_RECOMPUTE})
-    """Activation checkpointing of every transformer block."""
+    """Activation checkpointing of every transformer block: full recomputes it whole, op keeps the outputs of
+    torchtitan's per-op save list (every second matmul ...) and recomputes the rest."""
     compile: bool = False
     """torch.compile every transformer block (inductor)."""
     router_aux_loss_coef: float | None = field(default=None, metadata={"min": 0})
