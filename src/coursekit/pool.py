@@ -37,6 +37,7 @@ from pathlib import Path
 
 from coursekit.dist import free_port
 from coursekit.launch import LAUNCH_ID_ENV, reap, stamped_env
+from coursekit.profiling import frwrap, hangs  # light: no torch at import
 
 
 class RankError(RuntimeError):
@@ -66,8 +67,6 @@ def dump_on_request(trigger: str) -> None:
     """Runs in each engine: a daemon thread that writes this rank's flight-recorder dump (``coursekit.profiling.
     frwrap.dump``, into ``$COURSEKIT_FR_DIR``) when the pool creates ``trigger`` — while the main thread may sit
     inside a collective (which releases the GIL)."""
-    from coursekit.profiling import frwrap
-
     def watch():
         while not os.path.exists(trigger):
             time.sleep(0.1)
@@ -103,14 +102,12 @@ class Pool:
     def _start(self) -> None:
         import ipyparallel as ipp
 
-        from coursekit.profiling.frwrap import DIR_ENV
-
         self._launch_id = uuid.uuid4().hex
         self._fr = tempfile.mkdtemp(prefix="coursekit-pool-fr-")
         saved = dict(os.environ)
         # the engines inherit the launch stamp and the flight recorder's settings (gloo records, never writes)
         os.environ.update(stamped_env({LAUNCH_ID_ENV: self._launch_id}), TORCH_FR_BUFFER_SIZE="2000",
-                          **{DIR_ENV: self._fr})
+                          **{frwrap.DIR_ENV: self._fr})
         try:
             self._cluster = ipp.Cluster(n=self.n, engines="local", log_level=40)
             self._client = self._cluster.start_and_connect_sync(activate=False)
@@ -213,8 +210,6 @@ class Pool:
 
     def _diagnose(self) -> str:
         """Every rank's flight-recorder dump, then ``coursekit.profiling.hangs``' reading of them (text)."""
-        from coursekit.profiling import hangs
-
         folder = Path(self._fr)
         (folder / "dump-now").touch()
         end = time.monotonic() + FR_WAIT_S
