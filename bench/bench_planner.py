@@ -231,13 +231,13 @@ CASES = [
     Case("Llama 3.1 8B, FSDP 8 (torchtitan)", f"{_TITAN}llama3_h100_202412_torchtitan.md, Table 1 (8 GPUs, local "
          "batch 2, global 16, selective activation checkpointing), row FSDP: 5,762 tokens/s per GPU",
          "llama3-8b", 8, "H100-80GB", "roce-400", 8192, 16,
-         Layout(dp_shard=8, engine="fsdp2", micro_batch=2, recompute="selective"), "tokens", 5762.0,
-         assumed=_TITAN_NOTE + ["torchtitan's selective AC (per-op) as the planner's selective recompute"]),
+         Layout(dp_shard=8, engine="fsdp2", micro_batch=2, recompute="op"), "tokens", 5762.0,
+         assumed=_TITAN_NOTE + ["torchtitan's selective AC is its per-op policy: the planner's recompute op"]),
     Case("Llama 3.1 8B, FSDP 128 (torchtitan)", f"{_TITAN}llama3_h100_202412_torchtitan.md, Table 3 (128 GPUs, "
          "local batch 2, global 256, selective activation checkpointing), row FSDP: 5,605 tokens/s per GPU",
          "llama3-8b", 128, "H100-80GB", "roce-400", 8192, 256,
-         Layout(dp_shard=128, engine="fsdp2", micro_batch=2, recompute="selective"), "tokens", 5605.0,
-         assumed=_TITAN_NOTE + ["torchtitan's selective AC (per-op) as the planner's selective recompute"]),
+         Layout(dp_shard=128, engine="fsdp2", micro_batch=2, recompute="op"), "tokens", 5605.0,
+         assumed=_TITAN_NOTE + ["torchtitan's selective AC is its per-op policy: the planner's recompute op"]),
     Case("Llama 3 70B, FSDP 32 x TP 8 (torchtitan)", f"{_TITAN}asyncTP_llama3_h100_2025-06_torchtitan.md, Llama3 "
          "70b on 256 H100s, FSDP=32, TP=8, torch.compile, full AC, local batch size 16, None (bfloat16), vanilla TP: "
          "597.3 tokens/s", "llama3-70b", 256, "H100-80GB", "roce-400", 8192, 512,

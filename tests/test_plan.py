@@ -309,10 +309,11 @@ WITHIN_BOUND = {
     "Llama 3 70B, FSDP + CP 2 (NeMo AutoModel)", "Llama 3 70B, FSDP 32 x TP 8 (torchtitan)",
     "Qwen3-235B-A22B, TP 2 x EP 8 x FSDP (Megatron)",
 }
-# Regression guards on the error distribution, a little above what was measured (30 runs, 24 fitting: median |error|
-# 12.4 % over all, non-fitting counted as infinite; over the fitting ones median 3.2 %, 90th percentile 36.0 %; 20
-# within 25 %): a change to the time or memory model that makes the table worse fails here.
-MEDIAN_GUARD, FITTING_MEDIAN_GUARD, FITTING_P90_GUARD, MIN_WITHIN_25 = 0.15, 0.05, 0.40, 20
+# Regression guards on the error distribution, a little above what was measured (30 runs, 26 fitting: median |error|
+# 12.4 % over all, non-fitting counted as infinite; over the fitting ones median 4.0 %, 90th percentile 53.5 % — it
+# was 36.0 % over 24 until `recompute op` made torchtitan's two FSDP runs fit, at +54 % / +59 %: its 500 W parts;
+# 20 within 25 %): a change to the time or memory model that makes the table worse fails here.
+MEDIAN_GUARD, FITTING_MEDIAN_GUARD, FITTING_P90_GUARD, MIN_WITHIN_25 = 0.15, 0.05, 0.60, 20
 
 
 def _published_rows():
