@@ -468,7 +468,8 @@ _m = qlora_held(MODEL)  # live: torchao NF4 base + peft LoRA after one AdamW ste
 for _k in ("trainable_params", "nf4_base", "rest", "adapters", "adapter_grads", "adapter_optimizer"):
     assert _q[_k] == _m[_k], f"{_k}: yours {_q[_k]:,}, measured {_m[_k]:,}"
 assert _q["full_finetune"] == 16 * 125_248 and close(_q["saving"], _q["full_finetune"] / _q["total"])
-print(f"qlora_bytes: tiny-llama as measured in one process ({_m}); {_q['saving']:.2f}x less than full fine-tuning")
+print(f"qlora_bytes: tiny-llama's {_q['total']:,} B as measured in one process, {_q['saving']:.2f}x less than full "
+      "fine-tuning")
 
 # %% nbgrader={"grade": true, "grade_id": "qlora_bytes_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests compare with coursekit.fsdp.qlora.predicted_bytes on more ranks, tied embeddings and other ranks r.
