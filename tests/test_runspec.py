@@ -116,7 +116,7 @@ def test_the_planners_layout_takes_the_trainers_names():
 @pytest.mark.parametrize("kw,message", [
     (dict(dtype="fp8"), "unknown dtype 'fp8'; choose one of: fp32, bf16, fp16"),  # DTYPES
     (dict(attention="flash"), "unknown attention 'flash'; choose one of: sdpa, eager"),  # run.ATTENTION
-    (dict(recompute="half"), "unknown recompute 'half'; choose one of: none, selective, full"),  # run.RECOMPUTE
+    (dict(recompute="half"), "unknown recompute 'half'; choose one of: none, selective, full, op"),  # run.RECOMPUTE
     (dict(cp_impl="zigzag"), "unknown cp_impl 'zigzag'; choose one of: ring, ulysses"),  # run.CP_IMPLS
     # both unknown names, sorted, then the registry's parallelisms in its order
     (dict(degrees={"xp": 2, "ap": 2}), "unknown parallel degree(s) ap, xp; known: tp, pp, cp, ep"),
