@@ -10,9 +10,9 @@ the same bubble and holds more activations, so it never wins (``--layout pp_sche
 
 Pruning (exact, never drops a fitting layout): a (degrees, strategy) whose smallest configuration (micro-batch 1,
 full recompute) does not fit is skipped whole; micro-batches grow until the first that does not fit (memory grows
-with the micro-batch); the memory estimate is shared by layouts that differ only in CP kind. Virtual stages are
-part of the skip key (interleaved 1F1B holds more chunk micro-batches at v = 2 than at v = 4), and a micro-batch
-count torch cannot split into interleaved rounds skips that micro-batch, not the layout.
+with the micro-batch); a layout that does not fit is not priced. Virtual stages are part of the skip key
+(interleaved 1F1B holds more chunk micro-batches at v = 2 than at v = 4), and a micro-batch count torch cannot
+split into interleaved rounds skips that micro-batch, not the layout.
 
 Fit: ``coursekit.memory.estimate`` peak <= (1 - MEMORY_SLACK) x GPU memory: the calculator's stated slack for
 allocator fragmentation and caching (its docstring: "leave 5-10 %").
@@ -111,10 +111,9 @@ class _Evaluator:
 
     def peak(self, L: Layout) -> int:
         flash = self.attention == "flash"
-        spec = replace(L, microbatches=self.B // (L.dp * L.micro_batch)).spec(
-            seq=self.seq, dtype=self.dtype, attention="sdpa" if flash else "eager")
-        key = tuple(sorted(spec.calculator().items()))
+        key = replace(L, microbatches=self.B // (L.dp * L.micro_batch))  # the run is the layout's, at fixed seq/dtype
         if key not in self.cache:
+            spec = key.spec(seq=self.seq, dtype=self.dtype, attention="sdpa" if flash else "eager")
             # the planner prices mixed precision as Megatron-LM runs it for every engine (16 bytes per parameter, 16Ψ),
             # not the trainer's CPU autocast; a pipeline runtime that keeps only in-flight micro-batches' inputs
             # (Megatron-LM, DeepSpeed): torch's pipelining (2.13) keeps every micro-batch's receive buffer for the
@@ -126,10 +125,14 @@ class _Evaluator:
             self.closest = (peak - self.capacity, L)
         return peak
 
-    def candidate(self, L: Layout) -> Candidate:
+    def candidate(self, L: Layout, *, unfit: bool = True) -> Candidate | None:
+        """L's memory and predicted step time; None when it does not fit and ``unfit`` is false (nothing predicted)."""
+        peak = self.peak(L)
+        if peak > self.capacity and not unfit:
+            return None
         p = predict(self.shape, L, self.cluster, seq=self.seq, global_batch=self.B, dtype=self.dtype,
                     attention=self.attention)
-        return Candidate(L, p, self.peak(L), self.capacity, unchecked(self.shape, L, p))
+        return Candidate(L, p, peak, self.capacity, unchecked(self.shape, L, p))
 
 
 def _check(shape, L: Layout, seq: int) -> None:
@@ -265,13 +268,13 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
             for mb in ([fixed["micro_batch"]] if "micro_batch" in fixed else _divisors(per_rank)):
                 L = replace(stub, micro_batch=mb, recompute=rc)
                 try:
-                    c = ev.candidate(L)
+                    c = ev.candidate(L, unfit=keep_unfit)
                 except RoundsError:  # interleaved 1F1B with micro-batches torch cannot split into rounds
                     continue
                 except ConfigError:  # a recompute the calculator does not model here (selective under Ulysses)
                     continue
-                if not c.fits:
-                    if keep_unfit:
+                if c is None or not c.fits:
+                    if c is not None:
                         out.append(c)
                     break
                 out.append(c)
