@@ -190,7 +190,8 @@ def test_ddps_gradient_all_reduce_hides_behind_backward_derived_by_hand():
     """llama3-8b, DDP over the 8 H100s of one node, seq 4096, micro-batch 1, worked out on paper:
     Ψ = 2·128256·4096 (embedding, head) + 32·(2·4096² + 2·4096·1024 + 3·4096·14336 + 2·4096) + 4096 = 8,030,261,248;
     fp32 gradients 4Ψ = 32.12 GB; a ring all-reduce of 8 moves 2·7/8 of them over NVLink at 450 GB/s x 0.80 =
-    360 GB/s: 156.1 ms, plus α = 8 µs + 14 ring steps x 0.7 µs. The backward pass (2/3 of a ~0.39 s micro-batch) is
+    360 GB/s: 156.1 ms, plus NCCL's ring/Simple latency 8.4 µs + 14 steps x 3.4 µs (``coursekit.comm.nccl``; at
+    this size Simple is NCCL's pick). The backward pass (2/3 of a ~0.39 s micro-batch) is
     longer, so every bucket but the last (25 MiB of 32.12 GB) reduces behind it: exposed 156.2 ms x 25 MiB / 32.12 GB
     = 0.1274 ms. A model that did not overlap would expose all 156 ms."""
     c = evaluate("llama3-8b", dict(dp_replicate=8, engine="ddp", micro_batch=1), gpus=8, gpus_per_node=8,

@@ -41,7 +41,8 @@ class Hardware:
     link_fraction: float = 0.80
     """Ring bus bandwidth / one-way link bandwidth (nccl-tests all_reduce on DGX A100: ~230-240 of 300 GB/s)."""
     link_latency_s: float = 8e-6
-    """Fixed cost of one collective inside a node (launch + handshake); plus ``hop_latency_s`` per ring step."""
+    """Fixed cost of an all-to-all or a send inside a node (launch + handshake); plus ``hop_latency_s`` per ring
+    step. All-reduce, all-gather and reduce-scatter follow NCCL's tuning model (``coursekit.comm.nccl``)."""
     hop_latency_s: float = 0.7e-6
     gemm_fraction: float = 0.70
     """Fraction of the dense peak a large GEMM sustains in training (clocks under power limits, epilogues)."""
@@ -71,6 +72,10 @@ class Hardware:
     dtensor_opt_op_s: float = 10e-6
     loss_sync: bool = False
     """The trainer all-reduces the loss every step (coursekit's trainer does; a latency-bound call)."""
+    nccl_arch: str = "hopper"
+    """The GPU generation NCCL's tuning tables key on (volta, ampere, hopper, blackwell)."""
+    nccl_link: str = "nvlink"
+    """NCCL's intra-node link class for its per-step latencies: nvlink or pci."""
     collectives: dict = field(default_factory=dict)
     """Measured per-op (latency_s, busbw B/s) inside a node, from coursekit.comm.bench rows; overrides the above."""
     source: str = ""
@@ -94,7 +99,8 @@ class Network:
     fraction: float = 0.90
     """Achieved bus bandwidth / NIC line rate for large messages (IB ~0.9, RoCE ~0.85)."""
     latency_s: float = 12e-6
-    """Per tree level of an inter-node collective (NIC + switch + NCCL proxy)."""
+    """Per tree level of an inter-node all-to-all, and of a send across nodes (NIC + switch + NCCL proxy); the
+    NCCL-tuned collectives take NCCL's own network step latency (``coursekit.comm.nccl``)."""
     collectives: dict = field(default_factory=dict)
     source: str = ""
 
@@ -114,12 +120,14 @@ _NV = "NVIDIA {} Tensor Core GPU data sheet (nvidia.com), dense (non-sparse) pea
 # the GPUs the planner's stated fractions are given for (each GEMM / attention fraction is a model assumption,
 # the same for every case checked; the data-sheet figures are the table's)
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    _gpu("A100-40GB", src=_NV.format("A100"), gemm_fraction=0.72, attn_fraction=0.50),
-    _gpu("A100-80GB", src=_NV.format("A100"), gemm_fraction=0.72, attn_fraction=0.50),
+    _gpu("A100-40GB", src=_NV.format("A100"), gemm_fraction=0.72, attn_fraction=0.50, nccl_arch="ampere"),
+    _gpu("A100-80GB", src=_NV.format("A100"), gemm_fraction=0.72, attn_fraction=0.50, nccl_arch="ampere"),
     _gpu("H100-80GB", src=_NV.format("H100"), gemm_fraction=0.62, attn_fraction=0.40),
-    _gpu("H100-PCIe", src=_NV.format("H100"), gemm_fraction=0.62, attn_fraction=0.40, link_fraction=0.70),
+    _gpu("H100-PCIe", src=_NV.format("H100"), gemm_fraction=0.62, attn_fraction=0.40, link_fraction=0.70,
+         nccl_link="pci"),
     _gpu("H200", src=_NV.format("H200"), gemm_fraction=0.64, attn_fraction=0.40),
-    # a ring uses fewer of MI300X's Infinity Fabric links than a full mesh offers, hence the lower link_fraction
+    # a ring uses fewer of MI300X's Infinity Fabric links than a full mesh offers, hence the lower link_fraction;
+    # RCCL keeps NCCL's tuning model: priced with its Hopper-generation tables (a stated assumption)
     _gpu("MI300X", link_fraction=0.70, gemm_fraction=0.50, attn_fraction=0.30,
          src="AMD Instinct MI300X data sheet (amd.com), dense peaks"),
 )}

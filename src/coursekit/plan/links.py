@@ -1,13 +1,17 @@
-"""Which link a process group uses, and what its collectives cost there (alpha-beta). Pure Python.
+"""Which link a process group uses, and what its collectives cost there. Pure Python.
 
 A group lies on NVLink when its ranks fit in a node under the mesh order pp x dp_replicate x dp_shard x cp x tp
-(tp innermost), else on the network with busbw = min(NVLink busbw, k x NIC) for k members per node; alpha = fixed
-cost + per ring step inside the node + per tree level across nodes. Measured collectives replace both per op.
+(tp innermost), else on the network with busbw = min(NVLink busbw, k x NIC) for k members per node. All-reduce,
+all-gather and reduce-scatter cost what NCCL's own tuning model says for that bus bandwidth, group size and node
+count (``coursekit.comm.nccl``: ring or tree, LL / LL128 / Simple, the fastest; a ring's latency grows with the
+ranks); all-to-all and point-to-point sends are alpha-beta (a fixed cost + per step inside the node + per tree level
+across nodes). Measured collectives (``Hardware.collectives`` / ``Network.collectives``) replace the model per op.
 """
 from __future__ import annotations
 
 import math
 
+from coursekit.comm import nccl
 from coursekit.comm.volume import busbw_factor
 from coursekit.spec.dims import AXES
 
@@ -55,16 +59,27 @@ class Links:
         if n == 1 or calls == 0:
             return 0.0
         hw, net = self.c.hw, self.c.net
+        measured = (hw if nodes == 1 else net).collectives.get(op)
+        if measured is None and op in nccl.TUNED:
+            return calls * self.nccl(op, payload, axes).time_s
+        bw = hw.intra_busbw if nodes == 1 else min(hw.intra_busbw, k * net.busbw)
         wire = payload * busbw_factor(op, n)
-        if nodes == 1:
-            alpha, bw = hw.collectives.get(op) or (hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, n),
-                                                   hw.intra_busbw)
+        if measured is not None:
+            alpha, bw = measured
+        elif nodes == 1:
+            alpha = hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, n)
         else:
             lv = 2 if op == "all_reduce" else 1
-            alpha, bw = net.collectives.get(op) or (
-                hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, k) + lv * net.latency_s * math.ceil(
-                    math.log2(nodes)), min(hw.intra_busbw, k * net.busbw))
+            alpha = hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, k) + lv * net.latency_s * math.ceil(
+                math.log2(nodes))
         return calls * (alpha + wire / bw)
+
+    def nccl(self, op: str, payload: float, axes: tuple) -> nccl.Choice:
+        """NCCL's pick (algorithm, protocol, time) for one ``op`` of ``payload`` bytes over the group of ``axes``."""
+        n, k, nodes = self.placement(axes)
+        hw, net = self.c.hw, self.c.net
+        bw = hw.intra_busbw if nodes == 1 else min(hw.intra_busbw, k * net.busbw)
+        return nccl.choose(op, payload, n, nodes, bw, link=hw.nccl_link, arch=hw.nccl_arch)
 
     def p2p(self, nbytes: float, axis: str, calls: float = 1) -> float:
         """Point-to-point sends to a neighbour along ``axis`` (pipeline stages, CP ring)."""
