@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from coursekit.memory import ConfigError, estimate, resolve_model
+from coursekit.memory import ConfigError, TrainConfig, estimate, resolve_model
 from coursekit.memory.gpus import GiB
 from coursekit.memory.pp_order import RoundsError
 from coursekit.parallel import LayoutError, check_model
@@ -30,6 +30,7 @@ from coursekit.plan.layout import RECOMPUTE, Layout
 from coursekit.plan.steptime import Cluster, Prediction, predict
 
 MEMORY_SLACK = 0.05
+_RUN_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in ("micro_batch", "recompute", "microbatches"))
 MIN_CP_TOKENS = 1024
 VIRTUAL_STAGES = (1, 2, 4)
 
@@ -106,21 +107,37 @@ class _Evaluator:
         self.shape, self.cluster, self.seq, self.B, self.dtype, self.attention = (shape, cluster, seq, global_batch,
                                                                                   dtype, attention)
         self.capacity = int(cluster.hw.memory_bytes * (1 - MEMORY_SLACK))
-        self.cache: dict = {}
+        self.cache: dict = {}  # Layout -> peak bytes
+        self.runs: dict = {}  # degrees and strategy -> the calculator's keywords
         self.closest: tuple | None = None  # (extra bytes, layout) of the best non-fitting layout
 
+    def _run(self, L: Layout) -> dict:
+        """The calculator's keywords for L's degrees and strategy (``RunSpec.calculator``), shared by its
+        micro-batches and recompute policies: those set only ``batch``, ``recompute`` and ``microbatches``."""
+        key = tuple(getattr(L, k) for k in _RUN_FIELDS)
+        if key not in self.runs:
+            base = replace(L, micro_batch=1, recompute="none", microbatches=self.B // L.dp)
+            self.runs[key] = base.spec(seq=self.seq, dtype=self.dtype,
+                                       attention="sdpa" if self.attention == "flash" else "eager").calculator()
+        return self.runs[key]
+
     def peak(self, L: Layout) -> int:
-        flash = self.attention == "flash"
-        key = replace(L, microbatches=self.B // (L.dp * L.micro_batch))  # the run is the layout's, at fixed seq/dtype
-        if key not in self.cache:
-            spec = key.spec(seq=self.seq, dtype=self.dtype, attention="sdpa" if flash else "eager")
+        if L not in self.cache:
             # the planner prices mixed precision as Megatron-LM runs it for every engine (16 bytes per parameter, 16Ψ),
             # not the trainer's CPU autocast; a pipeline runtime that keeps only in-flight micro-batches' inputs
             # (Megatron-LM, DeepSpeed): torch's pipelining (2.13) keeps every micro-batch's receive buffer for the
             # step, which at hundreds of micro-batches is tens of GiB (`coursekit memory --pp-runtime torch`)
-            self.cache[key] = estimate(self.shape, spec, impl="fused" if flash else "hf", pp_runtime="megatron",
-                                       precision=None if self.dtype == "fp32" else "16psi").peak_bytes
-        peak = self.cache[key]
+            kw = {**self._run(L), "batch": L.micro_batch, "recompute": L.recompute,
+                  "microbatches": self.B // (L.dp * L.micro_batch), "impl": "fused" if self.attention == "flash" else "hf",
+                  "pp_runtime": "megatron"}
+            if self.dtype != "fp32":
+                kw["precision"] = "16psi"
+            try:
+                config = TrainConfig(**kw)
+            except LayoutError as exc:
+                raise ConfigError(str(exc)) from exc
+            self.cache[L] = estimate(self.shape, config).peak_bytes
+        peak = self.cache[L]
         if peak > self.capacity and (self.closest is None or peak - self.capacity < self.closest[0]):
             self.closest = (peak - self.capacity, L)
         return peak
