@@ -1,7 +1,10 @@
 """Persistent ranks for notebooks (``coursekit.pool``): one pool of 2 ranks started once for the whole file and
 kept across "cells", as a notebook keeps it; its processes are stamped, and the file's last test closes it and
 checks nothing is left (the module fixture is marked ``keeps_processes`` for the per-test orphan guard)."""
+import os
 import re
+import signal
+import threading
 import time
 
 import psutil
@@ -62,6 +65,61 @@ def test_an_error_on_one_rank_shows_its_traceback_and_the_pool_stays_usable(pool
     assert "[rank 0] still here 0" in capsys.readouterr().out
 
 
+def test_interrupt_stops_a_cell_looping_on_every_rank_and_the_ranks_stay(pool, capsys):
+    """``interrupt()`` (from another thread, as a notebook's interrupt button) stops a cell looping on every rank
+    within seconds: each rank raises KeyboardInterrupt inside its loop; the ranks keep their state (not restarted:
+    same pids, same names) and the next cell's collective runs. An interrupt that reaches no rank, or one rank only,
+    leaves a rank looping: the looping cell then times out instead (TimeoutError, not RankError)."""
+    from coursekit.pool import RankError
+
+    pool.run("import os, time; kept, n = os.getpid(), 0")
+    threading.Timer(1.0, pool.interrupt).start()
+    t0 = time.perf_counter()
+    with pytest.raises(RankError) as e:
+        pool.run("while True:\n    n += 1\n    time.sleep(0.01)\n", timeout=20)
+    took = time.perf_counter() - t0
+    assert set(e.value.failures) == {0, 1}, e.value.failures
+    assert all("KeyboardInterrupt" in tb and "n += 1" in tb for tb in e.value.failures.values()), e.value.failures
+    assert took < 8, f"the interrupt took {took:.1f} s to stop the cell"
+    capsys.readouterr()
+    pool.run("t = torch.tensor([rank + 1]); dist.all_reduce(t); print(kept == os.getpid(), n > 0, t.item())",
+             timeout=10)
+    out = capsys.readouterr().out
+    assert "[rank 0] True True 3" in out and "[rank 1] True True 3" in out, out
+
+
+def test_the_notebooks_interrupt_reaches_every_rank(pool, capsys):
+    """A notebook's interrupt is SIGINT to the kernel while ``run`` waits: ``run`` raises KeyboardInterrupt here
+    and passes the interrupt on to every rank, so the next cell (queued behind the looping one on each rank) runs
+    at once; had the ranks not been told, it would time out."""
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.run("import time\nwhile True:\n    time.sleep(0.01)\n", timeout=20)
+    pool.run("t = torch.ones(1); dist.all_reduce(t); print('after', t.item())", timeout=10)
+    out = capsys.readouterr().out
+    assert "[rank 0] after 2.0" in out and "[rank 1] after 2.0" in out, out
+
+
+def _pid():
+    import os
+
+    return os.getpid()
+
+
+def test_restart_gives_fresh_ranks_in_a_fresh_process_group(pool, capsys):
+    """``restart()``: new processes (none of the old pids), the old state gone, a new process group of the same
+    size whose collectives run (a restart that re-ran the set-up on the old ranks would keep their pids and state;
+    one that skipped the set-up would leave ``dist`` uninitialised)."""
+    before = pool.run(_pid)
+    pool.run("old = 1")
+    pool.restart()
+    after = pool.run(_pid)
+    assert len(set(after)) == 2 and not set(before) & set(after), (before, after)
+    pool.run("t = torch.tensor([rank + 1]); dist.all_reduce(t); print('old' in dir(), dist.get_world_size(), t.item())")
+    out = capsys.readouterr().out
+    assert "[rank 0] False 2 3" in out and "[rank 1] False 2 3" in out, out
+
+
 def test_a_hang_times_out_naming_the_rank_and_the_pool_restarts(pool, capsys):
     """Rank 0 enters an all-reduce rank 1 never joins: a TimeoutError names rank 0 and carries the flight
     recorder's diagnosis (every rank dumped on request, rank 0 from inside the collective: rank 1 never reached
@@ -81,10 +139,10 @@ def test_a_hang_times_out_naming_the_rank_and_the_pool_restarts(pool, capsys):
 def test_resize_then_close_leaves_no_process(pool, capsys):
     from coursekit.launch import LAUNCH_ID_ENV
 
-    pool.resize(3)
-    pool.run("t = torch.tensor([1]); dist.all_reduce(t); print(world_size, t.item())")
+    pool.resize(3)  # a resize that kept the old group: 2 ranks, a sum of 2
+    pool.run("t = torch.tensor([1]); dist.all_reduce(t); print(world_size, dist.get_world_size(), t.item())")
     out = capsys.readouterr().out
-    assert all(f"[rank {r}] 3 3" in out for r in range(3)), out
+    assert all(f"[rank {r}] 3 3 3" in out for r in range(3)), out
     launch_id = pool._launch_id
     pool.close()
     time.sleep(0.5)

@@ -6,17 +6,21 @@
     pool.run("dist.all_reduce(x); print(x.tolist())")              # a later cell uses it: [rank 0] [3.0, ...]
     pool.run(fn, *args)                             # fn(*args) on every rank: the list of results, by rank
     pool.magics()                                   # then %%ranks as a cell magic: the cell on every rank
+    pool.interrupt()                                # KeyboardInterrupt in every rank's running cell (state kept)
     pool.restart(); pool.resize(4); pool.close()    # fresh ranks (state gone); another size; stop (also at exit)
 
 Each rank is an ipyparallel engine (a kernel of its own); ``rank``, ``world_size``, ``device``, ``torch`` and
 ``dist`` (torch.distributed, initialised) are defined in it. A cell's output comes back labelled by rank. An
-exception on any rank raises :class:`RankError` with each failing rank's traceback, the cell's own frames first,
-and the pool stays usable. A cell that does not finish within ``timeout`` seconds (a collective one rank never
-joins) raises ``TimeoutError`` naming the ranks still running, with the flight-recorder diagnosis Module 5 teaches
-(``coursekit.profiling.hangs``: every rank dumps its recorder on request, from a thread of its own, so a rank blocked
-in a collective dumps too; the error says which collective which ranks never reached), and the pool is restarted: a
-rank stuck inside a collective cannot be interrupted, only replaced. Every process carries the launch stamp
-(``coursekit.launch.stamped_env``), so the test suite's orphan guard sees them, and ``close`` stops what is left.
+exception on any rank raises :class:`RankError` with each failing rank's traceback, the cell's own frames first, and
+the pool stays usable. The notebook's interrupt (or ``interrupt()``, from another thread) stops a running cell on
+every rank (SIGINT: ``KeyboardInterrupt`` in each rank's cell; ``run`` raises it, or ``RankError`` under
+``interrupt()``); the ranks and their state stay. A cell that does not finish within ``timeout`` seconds (a
+collective one rank never joins) raises ``TimeoutError`` naming the ranks still running, with the flight-recorder
+diagnosis Module 5 teaches (``coursekit.profiling.hangs``: every rank dumps its recorder on request, from a thread
+of its own, so a rank blocked in a collective dumps too; the error says which collective which ranks never reached),
+and the pool is restarted: a rank stuck inside a collective cannot be interrupted, only replaced. Every process
+carries the launch stamp (``coursekit.launch.stamped_env``), so the test suite's orphan guard sees them, and
+``close`` stops what is left.
 
 Why ipyparallel (9.x): a maintained project (Jupyter), engines that are real kernels (state across cells, rich
 output), a controller that routes one cell to all engines in milliseconds, per-engine errors (``CompositeError``)
@@ -28,6 +32,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 import textwrap
 import threading
@@ -85,6 +90,7 @@ device = _init_rank(rank, world_size, {port}, {device!r})
 _dump_on_request({trigger!r})
 """
 FR_WAIT_S = 10.0  # how long a hang's diagnosis waits for every rank's dump
+INTERRUPT_WAIT_S = 5.0  # how long an interrupted run waits for every rank's cell to stop
 
 
 class Pool:
@@ -138,6 +144,12 @@ class Pool:
             reap(self._launch_id)
             shutil.rmtree(self._fr, ignore_errors=True)
 
+    def interrupt(self) -> None:
+        """SIGINT to every rank: its running cell raises ``KeyboardInterrupt`` (a rank inside a collective gets it
+        when the collective returns; one that never does needs ``restart``). The ranks and their state stay."""
+        if self._cluster is not None:
+            self._cluster.signal_engines_sync(signal.SIGINT)  # signal_engines is a coroutine: it must be run
+
     def restart(self) -> None:
         """Fresh ranks of the same size (every rank's state is gone)."""
         self.close()
@@ -185,16 +197,16 @@ class Pool:
         return [out[r] for r in sorted(out)] if callable(cell) else None
 
     def _wait(self, pending: dict, timeout: float, echo) -> None:
-        import signal
-        import time
-
         end = time.monotonic() + timeout
         try:
             while not all(ar.ready() for ar in pending.values()) and time.monotonic() < end:
                 echo.flush()
                 time.sleep(0.05)
         except KeyboardInterrupt:  # the notebook's interrupt: every rank's cell gets it too
-            self._cluster.signal_engines(signal.SIGINT)
+            self.interrupt()
+            end = time.monotonic() + INTERRUPT_WAIT_S  # until the ranks' cells end: a rank aborts a cell sent
+            while not all(ar.ready() for ar in pending.values()) and time.monotonic() < end:  # while it stops one
+                time.sleep(0.05)
             raise
         stuck = sorted(r for r, ar in pending.items() if not ar.ready())
         if stuck:
