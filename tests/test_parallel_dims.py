@@ -214,3 +214,15 @@ def test_model_checks_pass_on_their_boundaries():
     check_model(ParallelDims(world_size=2, tp=2), num_layers=2, num_heads=4, seq=3)  # sp off by default: 3 is fine
     check_model(ParallelDims(world_size=2, pp=2), num_layers=2, num_heads=4)  # one stage per rank by default: 2 >= 2
     check_model(ParallelDims(world_size=4, pp=4), num_layers=8, num_heads=4, virtual_stages=2)  # 8 layers, 8 stages
+
+
+def test_a_second_borrowed_parallelism_is_listed_after_the_first(monkeypatch):
+    """The registry holds one borrowed parallelism (ep); a course module may add another (one entry,
+    docs/adding-a-parallelism.md). Each one switched on is listed in the layout's line, ", name=degree over group"
+    after the other, nothing between them: 8 replicas, ep 2 and a made-up xp 4 both borrowing the loss ranks."""
+    from coursekit.spec import dims as dims_module
+
+    monkeypatch.setattr(dims_module, "BORROWED", {**dims_module.BORROWED, "xp": "loss"})
+    d = ParallelDims(world_size=8, ep=2, xp=4)
+    assert (d.ep, d.xp, d.size("xp_rest")) == (2, 4, 2)
+    assert str(d) == "pp=1 x dp_replicate=8 x dp_shard=1 x cp=1 x tp=1 (world 8, ep=2 over loss, xp=4 over loss)"
