@@ -81,7 +81,33 @@ def test_layout_evaluates_one_given_layout(capsys):
     assert c["layout"]["recompute"] == "selective"
 
 
+def test_overlap_and_gradient_dtype_flags_reach_each_layout_they_apply_to(capsys):
+    """--overlap sets each name on the layouts it can act on (tp only on TP x SP ones) and the JSON / table say what
+    was assumed; --grad-reduce-dtype bf16 halves a DDP reduce that outlasts the backward, so the step shrinks."""
+    base = ["--model", "llama3-8b", "--gpus", "16", "--seq", "4096", "--global-batch", "64"]
+    rc, out, _ = _cli(capsys, *base, "--overlap", "tp", "--top", "0", "--json")
+    assert rc == 0
+    cands = json.loads(out)
+    for c in cands:
+        L = c["layout"]
+        assert c["overlap"].get("tp", False) == (L["tp"] > 1 and L["sp"]), c["summary"]
+        assert L["overlap"] == ("tp" if L["tp"] > 1 and L["sp"] else "")
+    assert any(c["overlap"].get("tp") for c in cands)
+    lay = "dp_replicate=16,micro_batch=4,overlap=no-grad_reduce"
+    times = {}
+    for dt in ("fp32", "bf16"):
+        rc, out, _ = _cli(capsys, *base, "--layout", lay, "--grad-reduce-dtype", dt, "--json")
+        (c,) = json.loads(out)
+        assert c["overlap"] == {"grad_reduce": False, "grad_reduce_dtype": dt}
+        times[dt] = c["exposed_s"]["dp"]
+    assert times["bf16"] < 0.55 * times["fp32"]  # half the bytes, the same latency
+    rc, out, _ = _cli(capsys, *base, "--top", "1", "--overlap", "param_gather")
+    assert "assumed: overlap" in out
+
+
 @pytest.mark.parametrize("argv, needle", [
+    (["--overlap", "warp"], "overlap 'warp': unknown"),
+    (["--layout", "dp_replicate=8,overlap=tp"], "needs tp > 1 with sequence parallelism"),
     (["--gpu", "H900"], "unknown GPU 'H900'"),
     (["--gpus", "12"], "does not divide --gpus 12"),
     (["--model", "llama3-405b", "--gpu", "A100-40GB"], "GiB more per GPU"),

@@ -72,7 +72,7 @@ def test_gemm_time_is_the_largest_of_flops_bytes_and_the_floor():
 
 def _layer(L, t=T, hw=TOY, **kw):
     """(layer, attention forward, attention backward) of one micro-batch of the toy model, bf16, flash, no SP."""
-    return _layer_time(SHAPE, L, hw, t=t, **(dict(seq=SEQ, act=2, dtype="bf16", attention="flash", sp=False) | kw))
+    return _layer_time(SHAPE, L, hw, t=t, **(dict(seq=SEQ, act=2, dtype="bf16", attention="flash", sp=False) | kw))[:3]
 
 
 def test_one_layer_flash_and_eager_by_hand():
@@ -348,7 +348,9 @@ def test_json_row_and_per_gpu_rates_of_a_two_gpu_step():
     assert p.to_dict() == {"step_time_s": p.step_time_s, "compute_s": p.compute_s, "bubble_s": p.bubble_s,
                            "exposed_s": p.exposed_s, "optimizer_s": p.optimizer_s, "host_s": p.host_s,
                            "microbatches": 2, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
-                           "hfu": p.hfu, "links": {"dp": "nvlink"}}
+                           "hfu": p.hfu, "links": {"dp": "nvlink"},
+                           # DDP's one overlap (its reducer's buckets behind backward), on by default; fp32 gradients
+                           "overlap": {"grad_reduce": True, "grad_reduce_dtype": "fp32"}}
     # 16 x 256 tokens per step over 2 GPUs; MFU / HFU: the step's FLOPs over 2 GPUs x 1 TFLOP/s
     assert p.tokens_per_s_per_gpu == pytest.approx(16 * SEQ / p.step_time_s / 2, rel=1e-12)
     assert p.mfu == pytest.approx(flops_per_step(SHAPE, 16, SEQ)["total"] / (p.step_time_s * 2e12), rel=1e-12)
@@ -399,7 +401,7 @@ def test_a_longer_ring_sends_cp_minus_1_blocks():
 def test_a_gpt2_layer_has_one_mlp_input_gemm():
     gpt = ModelShape(arch="gpt2", layers=4, hidden=64, heads=4, vocab=256, max_positions=512)  # ffn 4h = 256
     # K·N: c_attn 64·(4+2·4)·16 = 12,288, c_proj 4,096, c_fc 64·256 = 16,384, mlp c_proj 256·64 = 16,384 -> 49,152
-    layer, _, _ = _layer_time(gpt, Layout(micro_batch=MB), TOY, t=T, seq=SEQ, act=2, dtype="bf16", attention="flash",
+    layer, *_ = _layer_time(gpt, Layout(micro_batch=MB), TOY, t=T, seq=SEQ, act=2, dtype="bf16", attention="flash",
                               sp=False)
     e = T * (32 * 64 + 8 * 256) * 2 / 1e12
     assert layer == pytest.approx(3 * 2 * T * 49152 / 1e12 + 3.5 * A + e, rel=1e-12)
@@ -412,7 +414,7 @@ MOE = ModelShape(arch="llama", family="mixtral", layers=2, hidden=64, heads=4, k
 def test_an_moe_layer_runs_router_and_grouped_expert_gemms_over_t_times_k_rows():
     # K·N per token: q,k,v 8192 + o 4096 + router 64·4 = 256; per (token, choice) row, 2t = 2048 rows:
     # gate+up 64·256 = 16384, down 128·64 = 8192; element-wise over top_k x 128 = 256 MLP-width per token
-    layer, _, _ = _layer_time(MOE, Layout(micro_batch=MB), TOY, t=T, seq=SEQ, act=2, dtype="bf16",
+    layer, *_ = _layer_time(MOE, Layout(micro_batch=MB), TOY, t=T, seq=SEQ, act=2, dtype="bf16",
                               attention="flash", sp=False)
     g = 2 * T * (8192 + 4096 + 256) / 1e12 + 2 * (2 * T) * (16384 + 8192) / 1e12
     e = T * (32 * 64 + 8 * 256) * 2 / 1e12
@@ -426,7 +428,7 @@ def test_moe_under_tp_splits_the_sparse_blocks_tokens():
     # one layer, tp 2: K·N per token q 64·2·16 + k, v 2·64·1·16 = 4096, o 2048; 512 tokens through the router
     # (64·4 = 256); 512 x top-2 = 1024 rows through the experts (16384 + 8192); attention on 2 of 4 heads; the
     # element-wise MLP width: top-2 x 128 over half the tokens
-    layer, _, _ = _layer_time(MOE, Layout(tp=2, micro_batch=MB, sp=False), TOY, t=T, seq=SEQ, act=2, dtype="bf16",
+    layer, *_ = _layer_time(MOE, Layout(tp=2, micro_batch=MB, sp=False), TOY, t=T, seq=SEQ, act=2, dtype="bf16",
                               attention="flash", sp=False)
     g = 2 * T * (4096 + 2048) / 1e12 + 2 * (T / 2) * 256 / 1e12 + 2 * T * (16384 + 8192) / 1e12
     e = T * (32 * 64 + 8 * 256 / 2) * 2 / 1e12
@@ -543,3 +545,63 @@ def test_zero3_reduces_in_2e9_byte_buckets_and_hsdp_divides_by_the_shard_group()
                 Cluster(replace(TOY, overlap=0.0), net, 4, 1), seq=SEQ, global_batch=32)
     comm = call(0.5, PER_LAYER * 2, 8) + call(0.5, PER_LAYER * 4, 4) + call(1, PER_LAYER * 4 / 2, 4)
     assert h.exposed_s["dp"] == pytest.approx(2 * comm, rel=1e-12)
+
+
+def test_overlap_options_per_engine_by_hand():
+    """Each overlap switch of ``coursekit.plan.overlap`` changes only its own term, as its rule says."""
+    big = ModelShape(arch="llama", layers=2, hidden=1024, heads=8, kv_heads=8, ffn=2048, vocab=256, max_positions=512)
+    grads = 21238784 * 4  # the stage of test_overlap_windows_of_gradient_reduces_and_fsdp_gathers
+    red = call(1, grads)
+    on = predict(big, Layout(dp_replicate=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=16)
+    off = predict(big, Layout(dp_replicate=2, micro_batch=MB, overlap="no-grad_reduce"), cluster(2), seq=SEQ,
+                  global_batch=16)
+    assert on.exposed_s["dp"] == pytest.approx(red * 25 * 2**20 / grads, rel=1e-12)  # the last bucket
+    assert off.exposed_s["dp"] == pytest.approx(red, rel=1e-12)  # reduced after backward: all of it
+    assert off.overlap == {"grad_reduce": False, "grad_reduce_dtype": "fp32"}
+    assert off.compute_s == on.compute_s
+    # bf16 gradients on the wire: half the bytes
+    bf = predict(big, Layout(dp_replicate=2, micro_batch=MB, overlap="no-grad_reduce", grad_reduce_dtype="bf16"),
+                 cluster(2), seq=SEQ, global_batch=16)
+    assert bf.exposed_s["dp"] == pytest.approx(call(1, grads / 2), rel=1e-12)
+    # ZeRO-1's parameter all-gather behind the next step's first forward, bucket by bucket: 4 layers of h 4096 hold
+    # 672,174,080 parameters, more than one 5e8-element bucket, so 5e8 / 672,174,080 of the gather stays exposed
+    # (the forward of one micro-batch, a third of its ~4 s of compute, outlasts the rest)
+    huge = ModelShape(arch="llama", layers=4, hidden=4096, heads=32, kv_heads=32, ffn=8192, vocab=256,
+                      max_positions=512)
+    n = 672174080
+    z = dict(dp_replicate=2, engine="deepspeed", zero=1, micro_batch=MB)
+    plain = predict(huge, Layout(**z), cluster(2), seq=SEQ, global_batch=16)
+    hidden = predict(huge, Layout(**z, overlap="param_gather"), cluster(2), seq=SEQ, global_batch=16)
+    gather = call(0.5, n * 2)
+    assert plain.exposed_s["dp"] - hidden.exposed_s["dp"] == pytest.approx(gather * (1 - 5e8 / n), rel=1e-9)
+    assert hidden.overlap["param_gather"] and not plain.overlap["param_gather"]
+    # FSDP2 without prefetch: every gather and reduce-scatter exposed (as with overlap 0 in the test above)
+    f = predict(SHAPE, Layout(dp_shard=2, engine="fsdp2", micro_batch=MB, overlap="no-prefetch"), cluster(2),
+                seq=SEQ, global_batch=16)
+    assert f.exposed_s["dp"] == pytest.approx(2 * (call(0.5, PER_LAYER * 2, 8) + call(0.5, PER_LAYER * 4, 4)),
+                                              rel=1e-12)
+    # TP overlap under SP: each layer's all-gathers + reduce-scatters (4 + 4 of 131,072 B) pipelined with the
+    # layer's GEMMs (3 x G / 2 at tp 2): exposed what the GEMMs leave, at least one tp-th
+    tp_s = 2 * call(0.5, 131072, 4)
+    expect = max(tp_s / 2, tp_s - 3 * G / 2)
+    assert expect == tp_s - 3 * G / 2  # here the GEMMs are shorter than the communication
+    tp = predict(SHAPE, Layout(tp=2, micro_batch=MB, overlap="tp"), cluster(2), seq=SEQ, global_batch=8)
+    assert tp.exposed_s["tp"] == pytest.approx(2 * 4 * expect, rel=1e-12)
+    fast = replace(TOY, collectives={**TOY.collectives, "all_gather": (0.0, 1e12), "reduce_scatter": (0.0, 1e12)})
+    quick = predict(SHAPE, Layout(tp=2, micro_batch=MB, overlap="tp"), cluster(2, fast), seq=SEQ, global_batch=8)
+    q_s = 2 * 4 * 131072 * 0.5 / 1e12
+    assert quick.exposed_s["tp"] == pytest.approx(2 * 4 * q_s / 2, rel=1e-12)  # hidden but the first chunk
+
+
+@pytest.mark.parametrize("layout, needle", [
+    (dict(dp_replicate=2, overlap="tp"), "needs tp > 1 with sequence parallelism"),
+    (dict(tp=2, sp=False, overlap="tp"), "needs tp > 1 with sequence parallelism"),
+    (dict(dp_replicate=2, overlap="prefetch"), "sharded engine"),
+    (dict(dp_shard=2, engine="fsdp2", overlap="grad_reduce"), "DDP and ZeRO-1/2"),
+    (dict(dp_replicate=2, overlap="param_gather"), "zero 1 or 2"),
+    (dict(dp_replicate=2, overlap="fast"), "unknown"),
+    (dict(dp_replicate=2, grad_reduce_dtype="fp8"), "grad_reduce_dtype"),
+])
+def test_an_overlap_that_cannot_act_is_refused(layout, needle):
+    with pytest.raises(ValueError, match=needle):
+        Layout(**layout)

@@ -40,9 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "degree (default: every one dividing the experts and the dp x cp ranks)")
     p.add_argument("--layout", default=None, help="evaluate one layout: k=v,... (keys: dp_replicate, dp_shard, tp, "
                    "pp, cp, micro_batch, recompute, zero, engine, pp_schedule, microbatches, virtual_stages, "
-                   "cp_impl, sp; or the trainer's names: strategy=zero3, grad_accum, pp_virtual)")
+                   "cp_impl, sp, overlap, grad_reduce_dtype; or the trainer's names: strategy=zero3, grad_accum, pp_virtual)")
     p.add_argument("--hardware", default=None, metavar="FILE", help="YAML/JSON overrides (gpu, network, "
                    "collectives: coursekit.comm.bench rows)")
+    p.add_argument("--overlap", default=None, metavar="NAMES", help="communication overlapped beyond each engine's "
+                   "defaults, '+'-joined, no-NAME for off: grad_reduce, param_gather (Megatron --overlap-param-gather), "
+                   "prefetch, tp (--tp-comm-overlap / async TP); set on every layout it applies to")
+    p.add_argument("--grad-reduce-dtype", default=None, choices=("fp32", "bf16"),
+                   help="gradients on the wire (default fp32; bf16: Megatron --grad-reduce-in-bf16)")
     return p
 
 
@@ -56,6 +61,9 @@ def _table(cands, best) -> str:
         rows.append(f"{i:>2} {c.layout.short():<44} {'yes' if c.fits else 'NO':>4} {c.peak_bytes / GiB:>6.1f} "
                     f"{p.step_time_s:>8.3f} {p.tokens_per_s_per_gpu:>10.0f} {p.mfu:>6.1%}")
         rows.append(f"   why: {explain(c, best)}")
+        ov = p.overlap
+        on = [k for k, v in ov.items() if v is True]
+        rows.append(f"   assumed: overlap {', '.join(on) or 'none'}; gradients reduced in {ov['grad_reduce_dtype']}")
         if c.unchecked:  # outside what the published runs behind the model cover
             rows.append(f"   unchecked: {'; '.join(c.unchecked)}")
     return "\n".join(rows)
@@ -110,15 +118,20 @@ def main(argv=None) -> int:
         for flag in ("gpus", "gpus_per_node", "seq", "global_batch", "ep"):
             if getattr(args, flag) is not None and getattr(args, flag) < 1:
                 raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+        extra = {k: v for k, v in (("overlap", args.overlap), ("grad_reduce_dtype", args.grad_reduce_dtype)) if v}
         if args.layout:
             layout = parse_layout(args.layout)
+            for k, v in extra.items():
+                if layout.get(k, v) != v:
+                    raise ValueError(f"--{k.replace('_', '-')} {v} and --layout {k}={layout[k]} disagree; give one")
+                layout[k] = v
             if args.ep is not None:
                 if layout.get("ep", args.ep) != args.ep:
                     raise ValueError(f"--ep {args.ep} and --layout ep={layout['ep']} disagree; give one")
                 layout["ep"] = args.ep
             cands = [evaluate(args.model, layout, **common)]
         else:
-            fixed = {"ep": args.ep} if args.ep is not None else None
+            fixed = {**({"ep": args.ep} if args.ep is not None else {}), **extra}
             cands = plan(args.model, keep_unfit=bool(args.plot) or (args.json and args.top == 0), fixed=fixed,
                          **common)
     except (ValueError, FileNotFoundError) as e:

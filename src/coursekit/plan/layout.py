@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from coursekit.plan import overlap
 from coursekit.spec import registry, run
 from coursekit.spec.dims import ParallelDims
 from coursekit.spec.runspec import RunSpec
@@ -49,6 +50,11 @@ class Layout:
     cp_impl: str = "ring"
     sp: bool = True
     """Sequence parallelism over the TP group (Korthikanti et al. 2022); ignored when tp = 1."""
+    overlap: str = ""
+    """Communication overlapped with compute beyond the engine's defaults ('' : its defaults), names joined by '+',
+    ``no-NAME`` to switch one off (``coursekit.plan.overlap``: grad_reduce, param_gather, prefetch, tp)."""
+    grad_reduce_dtype: str = "fp32"
+    """Gradients on the wire: fp32 (DDP / DeepSpeed / FSDP2 defaults) or bf16 (Megatron --grad-reduce-in-bf16)."""
 
     def __post_init__(self):
         for k in _COUNTS:
@@ -72,6 +78,11 @@ class Layout:
             raise ValueError("layout ep > 1 runs with DDP, FSDP2 or HSDP (as the trainer does), not DeepSpeed")
         if self.virtual_stages > 1 and (self.pp == 1 or self.pp_schedule != "1f1b"):
             raise ValueError("virtual_stages > 1 is the interleaved 1F1B schedule: needs pp > 1 and pp_schedule=1f1b")
+        if self.grad_reduce_dtype not in overlap.GRAD_DTYPES:
+            raise ValueError(f"layout grad_reduce_dtype must be one of {', '.join(overlap.GRAD_DTYPES)}, got "
+                             f"{self.grad_reduce_dtype!r}")
+        if self.overlap:
+            overlap.resolve(self)  # names what is unknown or cannot act on this layout
 
     @property
     def dp(self) -> int:
@@ -140,6 +151,10 @@ class Layout:
             parts.append(f"rc-{self.recompute}")
         if self.tp > 1 and not self.sp:
             parts.append("no-sp")
+        if self.overlap:
+            parts.append(f"overlap:{self.overlap}")
+        if self.grad_reduce_dtype != "fp32":
+            parts.append(f"grad-{self.grad_reduce_dtype}")
         return " ".join(parts)
 
 

@@ -25,6 +25,7 @@ from coursekit.memory import ConfigError, TrainConfig, estimate, resolve_model
 from coursekit.memory.gpus import GiB
 from coursekit.memory.pp_order import RoundsError
 from coursekit.parallel import LayoutError, check_model
+from coursekit.plan import overlap
 from coursekit.plan.hardware import Hardware, Network, hardware as hw_lookup, network as net_lookup
 from coursekit.plan.layout import RECOMPUTE, Layout
 from coursekit.plan.steptime import Cluster, Prediction, predict
@@ -251,7 +252,8 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
     names = {f.name for f in fields(Layout)}
     if set(fixed) - names:
         raise ValueError(f"unknown fixed layout keys {sorted(set(fixed) - names)}; known: {', '.join(sorted(names))}")
-    preset = {k: v for k, v in fixed.items() if k in ("sp", "pp_schedule")}  # not enumerated: set, not filtered
+    preset = {k: fixed.pop(k) for k in ("sp", "pp_schedule", "grad_reduce_dtype") if k in fixed}  # set, not filtered
+    wanted = fixed.pop("overlap", None)  # overlap names: each set on the layouts it applies to
     shape = resolve_model(model)
     cluster = make_cluster(gpus, gpus_per_node, gpu, network, hw, net)
     for k, v in (("seq", seq), ("global_batch", global_batch)):
@@ -263,6 +265,8 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
     for stub in layouts_of(shape, gpus, cluster.gpus_per_node, seq, global_batch):
         if preset:
             stub = replace(stub, **preset)
+        if wanted:
+            stub = replace(stub, overlap=applicable(wanted, stub))
         if any(getattr(stub, k) != v for k, v in fixed.items() if k not in ("micro_batch", "recompute")):
             continue
         key = (stub.tp, stub.cp, stub.pp, stub.strategy, stub.dp_shard, stub.virtual_stages, stub.ep)
@@ -306,6 +310,18 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
                     f"{MEMORY_SLACK:.0%} slack); the closest, {L.short()}, needs {extra / GiB:.2f} GiB more per GPU",
                     extra_bytes=extra, closest=L)
     return fitting + sorted((c for c in out if not c.fits), key=lambda c: c.prediction.step_time_s)
+
+
+def applicable(names: str, layout: Layout) -> str:
+    """The overlap names ('+'-joined, ``no-`` to switch off) that can act on ``layout``; an unknown one is refused."""
+    keep = []
+    for item in (x.strip() for x in names.split("+") if x.strip()):
+        name = item.removeprefix("no-")
+        if name not in overlap.OVERLAPS:
+            raise ValueError(f"overlap {item!r}: unknown; choose from {', '.join(overlap.OVERLAPS)} (no-NAME: off)")
+        if overlap.applies(name, layout) is None:
+            keep.append(item)
+    return "+".join(keep)
 
 
 def pareto(cands: list[Candidate]) -> list[Candidate]:

@@ -23,13 +23,19 @@ time = alpha + wire / busbw for the link of the group: NVLink when the group's r
 pp, dp_replicate, dp_shard, cp, tp: tp innermost), else the network with busbw = min(NVLink, k x NIC) for k
 members of the group per node; alpha grows with ring steps inside a node and tree levels across nodes.
 
-Overlap (stated per strategy):
-  * DDP / ZeRO-1/2: the gradient reduce overlaps the backward of the last micro-batch except its last bucket;
-    ZeRO-2 reduces each micro-batch during its own backward; ZeRO-1/2 all-gather updated parameters after the
-    step (exposed).
+Overlap (stated per strategy; each switch is a layout option, ``coursekit.plan.overlap``, and the prediction says
+which it assumed):
+  * DDP / ZeRO-1/2: the gradient reduce overlaps the backward of the last micro-batch except its last bucket
+    (``grad_reduce``, on; off: all of it exposed); ZeRO-2 reduces each micro-batch during its own backward;
+    ZeRO-1/2 all-gather updated parameters after the step (exposed; ``param_gather`` on: behind the next step's
+    first forward, at least one 5e8-element bucket exposed).
   * FSDP2 / HSDP / ZeRO-3: the all-gather of the next unit overlaps this unit's compute; exposed: the first
-    unit's gather, the last unit's reduce-scatter, and whatever communication exceeds the compute.
-  * TP all-reduces (or SP all-gather + reduce-scatter) are exposed (no async TP). A mixture of experts under TP
+    unit's gather, the last unit's reduce-scatter, and whatever communication exceeds the compute (``prefetch``,
+    on; off: every gather and reduce-scatter exposed).
+  * gradients go on the wire in ``grad_reduce_dtype`` (fp32; bf16 halves them).
+  * TP all-reduces (or SP all-gather + reduce-scatter) are exposed; ``tp`` overlap (Megatron-Core's
+    --tp-comm-overlap, torchtitan's async TP; SP only): each collective pipelined with the GEMM it feeds in tp
+    chunks, exposed max(comm / tp, comm - the layer's GEMM time). A mixture of experts under TP
     (``coursekit.tp.plan``: expert TP 1, the TP ranks split the sparse block's tokens): the attention's all-reduces,
     an all-gather of the block's output (forward) and of its input's gradient (backward) (under SP neither: the
     block runs on the rank's own sequence shard, the attention does SP's all-gather + reduce-scatter), the router
@@ -55,6 +61,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from coursekit.flops import flops_per_step
+from coursekit.plan import overlap
 from coursekit.plan.hardware import HBM_FRACTION, Hardware, Network
 from coursekit.plan.layout import Layout
 from coursekit.plan.links import Links
@@ -83,7 +90,7 @@ LOSS_PASSES = 6  # fp32 logits: upcast, log-softmax, its backward
 SCORE_PASSES = 12  # eager attention: s x s scores written/read by scale, mask, softmax, dropout, fwd + bwd
 OPT_BYTES = 32  # AdamW per parameter: fp32 master, m, v read + write (24), fp32 grad read (4), bf16 param (2+2)
 DDP_BUCKET = 25 * 2**20  # torch DDP bucket_cap_mb default
-DS_BUCKET = 5e8 * 4  # DeepSpeed reduce_bucket_size default (5e8 elements, fp32 gradients)
+DS_BUCKET = 5e8  # DeepSpeed reduce_bucket_size / allgather_bucket_size defaults, in elements
 
 
 @dataclass(frozen=True)
@@ -111,12 +118,14 @@ class Prediction:
     hfu: float
     links: dict = field(default_factory=dict)
     """Which link each group uses: nvlink or network."""
+    overlap: dict = field(default_factory=dict)
+    """The overlaps assumed (``coursekit.plan.overlap``: each that applies, on or off) and the gradient dtype."""
 
     def to_dict(self) -> dict:
         return {"step_time_s": self.step_time_s, "compute_s": self.compute_s, "bubble_s": self.bubble_s,
                 "exposed_s": dict(self.exposed_s), "optimizer_s": self.optimizer_s, "host_s": self.host_s,
                 "microbatches": self.microbatches, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-                "mfu": self.mfu, "hfu": self.hfu, "links": dict(self.links)}
+                "mfu": self.mfu, "hfu": self.hfu, "links": dict(self.links), "overlap": dict(self.overlap)}
 
 
 # -- building blocks ---------------------------------------------------------------------------------------------------
@@ -158,8 +167,12 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     sp = L.sp and tp > 1
     t = L.micro_batch * seq / cp  # tokens per micro-batch on this rank
     links = Links(L, cluster)
-    layer, a_fwd, a_bwd = _layer_time(shape, L, hw, t=t, seq=seq, act=act, dtype=dtype, attention=attention, sp=sp)
+    ov = overlap.resolve(L)
+    layer, a_fwd, a_bwd, gemms = _layer_time(shape, L, hw, t=t, seq=seq, act=act, dtype=dtype, attention=attention,
+                                             sp=sp)
     tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd)
+    if ov.get("tp"):  # each collective pipelined with its GEMM in tp chunks: the first chunk, or what the GEMMs leave
+        tp_s = max(tp_s / tp, tp_s - hw.overlap * gemms)
 
     # one micro-batch on the busiest (last) stage
     h, V = shape.hidden, shape.vocab
@@ -175,7 +188,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     dp_axes = DERIVED["loss"]  # dp x cp: CP ranks hold the same weights, so gradients reduce over them too
     stage_params, fsdp_mb, step_dp, host_mb = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
                                                              stage_layers=stage_layers, compute_mb=compute_mb,
-                                                             dp_axes=dp_axes)
+                                                             dp_axes=dp_axes, ov=ov)
     ep_s = 0.0
     if shape.is_moe and L.ep > 1:  # dispatch + combine, forward and backward: 4 all-to-alls of t·k rows per layer
         ep_s = 4 * links.time("all_to_all", t / tp * shape.top_k * h * act, ("ep",))  # TP ranks: t/tp tokens each
@@ -198,7 +211,8 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                   if links.placement(axes)[0] > 1}
     return Prediction(step_time_s=step, compute_s=m * compute_mb, bubble_s=bubble, exposed_s=exposed,
                       optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
-                      mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds)
+                      mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds,
+                      overlap={**ov, "grad_reduce_dtype": L.grad_reduce_dtype})
 
 
 def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
@@ -214,8 +228,9 @@ def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
     return links.time("all_reduce", (router + experts) * 4 / 3, ("tp",), 3 * stage_layers)
 
 
-def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[float, float, float]:
-    """Compute of one layer, one micro-batch (forward, backward, recompute): (layer, attention fwd, attention bwd)."""
+def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[float, float, float, float]:
+    """Compute of one layer, one micro-batch (forward, backward, recompute): (layer, attention fwd, attention bwd,
+    the GEMMs' forward + backward)."""
     h, f, d, tp, cp = shape.hidden, shape.ffn, shape.head_dim, L.tp, L.cp
     heads = shape.heads / tp
     kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
@@ -244,7 +259,7 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[flo
     elem = t * (E_H * h / (tp if sp else 1) + E_F * f / tp) * act / (hw.hbm_bw * HBM_FRACTION)
     elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s)
     rc = {"none": 0.0, "selective": a_fwd, "full": g_fwd + a_fwd + elem / 3, "op": g_op + elem / 3}[L.recompute]
-    return 3 * g_fwd + a_fwd + a_bwd + elem + rc, a_fwd, a_bwd
+    return 3 * g_fwd + a_fwd + a_bwd + elem + rc, a_fwd, a_bwd, 3 * g_fwd
 
 
 def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd) -> tuple[float, float]:
@@ -281,7 +296,7 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd) -> tuple[floa
     return tp_s, cp_s
 
 
-def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb, dp_axes):
+def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb, dp_axes, ov):
     """Data parallel: (stage parameters, exposed per micro-batch (sharded engines), exposed per step, host work per
     micro-batch left after overlap)."""
     tp, cp = L.tp, L.cp
@@ -293,7 +308,7 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
     if tp > 1:
         host_mb = stage_layers * (DTENSOR_OPS_SP_LAYER if sp else DTENSOR_OPS_TP_LAYER) * hw.dtensor_op_s
     bwd_window = hw.overlap * compute_mb * 2 / 3
-    pbytes, gbytes = act, 4  # gathers in the compute dtype; gradients reduced in fp32 (DeepSpeed / FSDP defaults)
+    pbytes, gbytes = act, overlap.GRAD_DTYPES[L.grad_reduce_dtype]  # gathers in the compute dtype
     if L.shards_params:
         shard_axes = DERIVED["fsdp"] if L.engine == "fsdp2" else DERIVED["loss"]  # FSDP2 over dp_shard x cp
         if L.engine == "fsdp2":  # one unit per block: gathered for forward and again for backward, reduced once
@@ -301,7 +316,7 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
         else:  # ZeRO-3 fetches per module (one parameter tensor each here); reduces in reduce_bucket_size buckets
             tensors = _stage_tensors(shape, stage_layers)
             n_gather, unit = 2 * tensors, stage_params / tensors
-            n_reduce = max(1, math.ceil(stage_params * gbytes / DS_BUCKET))
+            n_reduce = max(1, math.ceil(stage_params / DS_BUCKET))
             red_unit = stage_params / n_reduce
             host_mb += hw.zero3_hook_s * tensors
         gather = links.time("all_gather", unit * pbytes, shard_axes, n_gather)
@@ -311,17 +326,19 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
             reduce += links.time("all_reduce", unit * gbytes / n_shard, ("dp_replicate",), n_reduce)
         comm = gather + reduce
         first_last = gather / n_gather + reduce / n_reduce  # the first unit's gather + the last unit's reduce
-        fsdp_mb = max(first_last, comm - hw.overlap * compute_mb)
+        fsdp_mb = max(first_last, comm - hw.overlap * compute_mb) if ov["prefetch"] else comm
     elif L.dp * cp > 1:
         grad_b = stage_params * gbytes
-        bucket = min(grad_b, DDP_BUCKET if L.engine == "ddp" else DS_BUCKET)
+        bucket = min(grad_b, DDP_BUCKET if L.engine == "ddp" else DS_BUCKET * gbytes)
         op = "all_reduce" if L.zero == 0 else "reduce_scatter"  # DDP and ZeRO-0 all-reduce
         red = links.time(op, grad_b, dp_axes, 1)
-        exposed_red = max(red * bucket / grad_b, red - bwd_window)  # at least the last bucket
+        exposed_red = max(red * bucket / grad_b, red - bwd_window) if ov["grad_reduce"] else red  # >= last bucket
         if L.zero == 0:
             step_dp = exposed_red
         else:  # ZeRO-1/2 all-gather the updated parameters after the step; ZeRO-2 reduces every micro-batch
             gath = links.time("all_gather", stage_params * pbytes, dp_axes, 1)
+            if ov["param_gather"]:  # bucket by bucket behind the next step's first forward: at least one bucket
+                gath = max(gath * min(1.0, DS_BUCKET / stage_params), gath - hw.overlap * compute_mb / 3)
             step_dp = (m if L.zero == 2 else 1) * exposed_red + gath
     host_mb = max(0.0, host_mb - hw.overlap * compute_mb)  # host work hides only behind the device's compute
     return stage_params, fsdp_mb, step_dp, host_mb
