@@ -9,8 +9,9 @@ of them, and where the published layout ranks among everything the planner would
 
 Each case states what the publication gives and what it does not (``assumed``: what had to be assumed, and what the
 planner cannot express); the same planner constants serve every case (coursekit/plan/hardware.py, steptime.py):
-nothing here is tuned per case. BF16 runs only: the planner has no fp8 (Megatron-Bridge's and NeMo's H100 tables are
-fp8 and are not used; torchtitan's Float8 rows neither). Models the presets and ``ModelShape`` cannot express are
+nothing here is tuned per case. BF16 runs, and torchtitan's torch.compile / Float8 / async-TP rows (each beside a
+bf16 eager row on the same part: their ratios are printed apart; Megatron-Bridge's and NeMo's fp8 H100 tables are
+not used yet). Models the presets and ``ModelShape`` cannot express are
 skipped: DeepSeek-V2/V3 and Kimi K2 (multi-head latent attention), GPT-OSS (attention sinks, sliding windows),
 Nemotron-H / Nemotron 3 (Mamba layers).
 
@@ -68,6 +69,10 @@ class Case:
     attention: str = "flash"
     gpus_per_node: int = 8
     assumed: list = field(default_factory=list)
+    dtype: str = "bf16"
+    """The compute dtype: bf16, or fp8 (torchao float8 / Transformer Engine on the linear layers)."""
+    compile: bool = False
+    """torch.compile on (the run says so)."""
     era: dict = field(default_factory=dict)
     """Layout knobs the publication's software did not have, held fixed when ranking (e.g. no sequence parallelism
     before Korthikanti et al. 2022)."""
@@ -93,10 +98,37 @@ _ZOO_NOTE = ["tokens/s per GPU from the stated step time (GBS 2048 x 4096 / (ste
              "sequence parallelism on (Megatron requires it for MoE with TP)",
              "routing balanced (the planner assumes it; the table does not say forced-balance or dropless)"]
 _TITAN = "pytorch/torchtitan benchmarks/"
-_TITAN_NOTE = ["Grand Teton H100: 96 GB HBM2e at 2.4 TB/s and a 500 W power limit (the source's own footnote: peak "
-               "below the SXM figure); priced as H100-80GB (80 GB, SXM peak): predicted high",
+_TITAN_NOTE = ["Grand Teton H100: 96 GB HBM2e at 2.4 TB/s and a 500 W power limit, peak 'between SXM and NVL' (the "
+               "source's footnote): the H100-96GB-500W preset, priced at the NVL peak (the lower bound)",
                "'backend RDMA network with 400 Gb/s per GPU' as RoCE 400",
                "seq 8192: torchtitan's llama3 train configs (the benchmark does not restate it)"]
+
+def _titan_2024_rows() -> list:
+    """torchtitan's 2024 H100 tables' compile / Float8 / async-TP rows: the same part and layout as a bf16 eager row
+    beside them, so their ratios check the compile, fp8 and TP-overlap terms without the part's unknown peak."""
+    src = f"{_TITAN}llama3_h100_202412_torchtitan.md"
+    rows = []
+    for table, gpus, eager, comp, fp8 in ((1, 8, 5762, 6667, 8532), (3, 128, 5605, 6514, 8380)):
+        L = Layout(dp_shard=gpus, engine="fsdp2", micro_batch=2, recompute="op")
+        for label, value, dtype in (("FSDP + torch.compile", comp, "bf16"),
+                                    ("FSDP + torch.compile + Float8", fp8, "fp8")):
+            rows.append(Case(f"Llama 3.1 8B, FSDP {gpus}, compile{' + Float8' if dtype == 'fp8' else ''} "
+                             "(torchtitan)", f"{src}, Table {table} ({gpus} GPUs, local batch 2, global {2 * gpus}, "
+                             f"selective activation checkpointing), row {label}: {value:,} tokens/s per GPU",
+                             "llama3-8b", gpus, "H100-96GB-500W", "roce-400", 8192, 2 * gpus, L, "tokens", float(value),
+                             assumed=_TITAN_NOTE + ["torchtitan's selective AC is its per-op policy: recompute op",
+                                                    "Float8: torchao tensorwise on every linear but the output head"],
+                             dtype=dtype, compile=True))
+    for label, value, ov in (("2D", 829, ""), ("2D + AsyncTP", 876, "tp")):
+        rows.append(Case(f"Llama 3.1 70B, FSDP 32 x TP 8, compile + Float8{' + async TP' if ov else ''} (torchtitan)",
+                         f"{src}, Table 4 (256 GPUs, FSDP 32, TP 8, torch.compile + Float8, local batch 16, global "
+                         f"512, full activation checkpointing), row {label}: {value} tokens/s per GPU", "llama3-70b",
+                         256, "H100-96GB-500W", "roce-400", 8192, 512,
+                         Layout(dp_shard=32, tp=8, engine="fsdp2", micro_batch=16, recompute="full", overlap=ov),
+                         "tokens", float(value), assumed=_TITAN_NOTE + ["SP on (torchtitan's TP plan; async TP needs it)"],
+                         dtype="fp8", compile=True))
+    return rows
+
 
 CASES = [
     # -- Megatron-LM (Narayanan et al. 2021), A100-80GB on Selene ---------------------------------------------------
@@ -227,30 +259,33 @@ CASES = [
          "llama3-70b", 64, "H100-80GB", "ib-400", 8192, 128,
          Layout(dp_shard=32, cp=2, engine="fsdp2", micro_batch=1, recompute="full"), "tokens", 866.77,
          assumed=["activation_checkpointing: True in its recipe (custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml)",
-                  "CP as ring attention", "torch.compile (enable_compile) not modelled", "DGX-H100: ib-400"]),
+                  "CP as ring attention", "torch.compile on (enable_compile in the recipe)", "DGX-H100: ib-400"],
+         compile=True),
     Case("Llama 3.1 8B, FSDP 8 (torchtitan)", f"{_TITAN}llama3_h100_202412_torchtitan.md, Table 1 (8 GPUs, local "
          "batch 2, global 16, selective activation checkpointing), row FSDP: 5,762 tokens/s per GPU",
-         "llama3-8b", 8, "H100-80GB", "roce-400", 8192, 16,
+         "llama3-8b", 8, "H100-96GB-500W", "roce-400", 8192, 16,
          Layout(dp_shard=8, engine="fsdp2", micro_batch=2, recompute="op"), "tokens", 5762.0,
          assumed=_TITAN_NOTE + ["torchtitan's selective AC is its per-op policy: the planner's recompute op"]),
     Case("Llama 3.1 8B, FSDP 128 (torchtitan)", f"{_TITAN}llama3_h100_202412_torchtitan.md, Table 3 (128 GPUs, "
          "local batch 2, global 256, selective activation checkpointing), row FSDP: 5,605 tokens/s per GPU",
-         "llama3-8b", 128, "H100-80GB", "roce-400", 8192, 256,
+         "llama3-8b", 128, "H100-96GB-500W", "roce-400", 8192, 256,
          Layout(dp_shard=128, engine="fsdp2", micro_batch=2, recompute="op"), "tokens", 5605.0,
          assumed=_TITAN_NOTE + ["torchtitan's selective AC is its per-op policy: the planner's recompute op"]),
     Case("Llama 3 70B, FSDP 32 x TP 8 (torchtitan)", f"{_TITAN}asyncTP_llama3_h100_2025-06_torchtitan.md, Llama3 "
          "70b on 256 H100s, FSDP=32, TP=8, torch.compile, full AC, local batch size 16, None (bfloat16), vanilla TP: "
-         "597.3 tokens/s", "llama3-70b", 256, "H100-80GB", "roce-400", 8192, 512,
+         "597.3 tokens/s", "llama3-70b", 256, "H100-96GB-500W", "roce-400", 8192, 512,
          Layout(dp_shard=32, tp=8, engine="fsdp2", micro_batch=16, recompute="full"), "tokens", 597.3,
          assumed=_TITAN_NOTE + ["tokens/s read as per GPU (as the other torchtitan tables)",
-                                "global batch 512 = 32 x 16 (no gradient accumulation)", "SP on (torchtitan's TP plan)",
-                                "torch.compile not modelled"]),
+                                "global batch 512 = 32 x 16 (no gradient accumulation)", "SP on (torchtitan's TP plan)"],
+         compile=True),
     Case("Llama 3 8B, FSDP 8 x TP 8 (torchtitan)", f"{_TITAN}asyncTP_llama3_h100_2025-06_torchtitan.md, Llama3 8b "
          "on 64 H100s, FSDP=8, TP=8, torch.compile, per op SAC, local batch size 12, None (bfloat16), vanilla TP: "
-         "4378 tokens/s", "llama3-8b", 64, "H100-80GB", "roce-400", 8192, 96,
+         "4378 tokens/s", "llama3-8b", 64, "H100-96GB-500W", "roce-400", 8192, 96,
          Layout(dp_shard=8, tp=8, engine="fsdp2", micro_batch=12, recompute="selective"), "tokens", 4378.0,
          assumed=_TITAN_NOTE + ["tokens/s read as per GPU", "global batch 96 = 8 x 12", "SP on",
-                                "per-op SAC as selective recompute", "torch.compile not modelled"]),
+                                "per-op SAC as selective recompute (the calculator models op without TP only)"],
+         compile=True),
+    *_titan_2024_rows(),
     # -- mixtures of experts ----------------------------------------------------------------------------------------
     Case("Qwen3-30B-A3B, FSDP 8 x EP 8 (NeMo AutoModel)", f"{_AUTOMODEL}: Qwen3 MoE 30B, 8 GPUs, GBS 512, MBS 4, "
          "LBS 4, GA 16, seq 4096, EP 8, FSDP 8, TE + DeepEP, 21.773 s per step: 12,040 tokens/s per GPU",
@@ -285,12 +320,28 @@ RANKED = ("GPT 1T (Megatron-LM)", "GPT-3 175B (Megatron-LM)", "BLOOM 176B (Megat
 BOUNDS = (0.10, 0.25)
 
 
+# (faster run, its baseline): published and predicted throughput ratios, the part's peak cancelling out
+RATIOS = (("Llama 3.1 8B, FSDP 8, compile (torchtitan)", "Llama 3.1 8B, FSDP 8 (torchtitan)"),
+          ("Llama 3.1 8B, FSDP 128, compile (torchtitan)", "Llama 3.1 8B, FSDP 128 (torchtitan)"),
+          ("Llama 3.1 8B, FSDP 8, compile + Float8 (torchtitan)", "Llama 3.1 8B, FSDP 8, compile (torchtitan)"),
+          ("Llama 3.1 8B, FSDP 128, compile + Float8 (torchtitan)", "Llama 3.1 8B, FSDP 128, compile (torchtitan)"),
+          ("Llama 3.1 70B, FSDP 32 x TP 8, compile + Float8 + async TP (torchtitan)",
+           "Llama 3.1 70B, FSDP 32 x TP 8, compile + Float8 (torchtitan)"))
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Speed-up of each RATIOS pair, published and predicted (throughput / throughput)."""
+    by = {r["case"]: r for r in rows}
+    return [{"run": a, "baseline": b, "published": by[a]["published"] / by[b]["published"],
+             "predicted": by[a]["predicted"] / by[b]["predicted"]} for a, b in RATIOS if a in by and b in by]
+
+
 def run_case(c: Case, search: bool = True) -> dict:
     if c.metric not in METRICS:
         raise ValueError(f"case {c.name!r}: metric {c.metric!r} is not one of {', '.join(METRICS)}")
     shape = resolve_model(c.model)
     kw = dict(gpus=c.gpus, gpus_per_node=c.gpus_per_node, gpu=c.gpu, network=c.network, seq=c.seq,
-              global_batch=c.global_batch, attention=c.attention)
+              global_batch=c.global_batch, attention=c.attention, dtype=c.dtype, compile=c.compile)
     cand = evaluate(shape, c.layout, **kw)
     p = cand.prediction
     if c.metric == "tflops":
@@ -302,7 +353,8 @@ def run_case(c: Case, search: bool = True) -> dict:
         predicted = p.mfu
     row = {"case": c.name, "metric": c.metric, "published": c.published, "predicted": predicted,
            "error": predicted / c.published - 1, "fits": cand.fits, "failed": not cand.fits, "era": c.era,
-           "peak_gib": cand.peak_bytes / 2**30, "step_time_s": p.step_time_s, "layout": c.layout.short()}
+           "peak_gib": cand.peak_bytes / 2**30, "step_time_s": p.step_time_s,
+           "layout": c.layout.short() + (f" {c.dtype}" if c.dtype != "bf16" else "") + (" compile" if c.compile else "")}
     if search:
         t0 = time.process_time()  # CPU seconds: on a shared machine wall time measures the neighbours
         cands = plan(shape, fixed=c.era, **kw)
@@ -371,6 +423,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="the rows as a JSON list")
     ap.add_argument("--summary-json", action="store_true", help="the error distribution as one JSON object")
+    ap.add_argument("--markdown", action="store_true", help="the rows as docs/planner.md's table")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--no-search", action="store_true", help="only evaluate the published layouts")
     g.add_argument("--search-all", action="store_true", help="rank every case's published layout (minutes)")
@@ -382,6 +435,16 @@ def main(argv=None) -> int:
         return 0
     if a.summary_json:
         print(json.dumps(s, indent=1))
+        return 0
+    if a.markdown:
+        print("| case | layout | published | predicted | error | fits (peak GiB) |\n| --- | --- | ---: | ---: | ---: | --- |")
+        for r in rows:
+            unit = _unit(r["metric"])
+            fit = f"yes ({r['peak_gib']:.1f})" if r["fits"] else f"**no ({r['peak_gib']:.1f}): failed**"
+            print(f"| {r['case']} | `{r['layout']}` | {unit(r['published'])} | {unit(r['predicted'])} | "
+                  f"{r['error']:+.1%} | {fit} |")
+        print("\n```\n" + "\n".join(summary_lines(s)) + "\n```")
+        print("\n" + "\n".join(ratio_lines(rows)))
         return 0
     for c, r in zip(CASES, rows):
         unit = _unit(r["metric"])
@@ -396,7 +459,15 @@ def main(argv=None) -> int:
         print(f"   source: {c.source}" + (f"; assumed: {'; '.join(c.assumed)}" if c.assumed else ""))
     print()
     print("\n".join(summary_lines(s)))
+    print("\n" + "\n".join(ratio_lines(rows)))
     return 0
+
+
+def ratio_lines(rows) -> list[str]:
+    out = ["speed-ups on the same part (compile over eager, Float8 over bf16, async TP over vanilla):"]
+    out += [f"   {q['run']} / {q['baseline']}: published x{q['published']:.3f}, predicted x{q['predicted']:.3f}"
+            for q in ratios(rows)]
+    return out
 
 
 if __name__ == "__main__":

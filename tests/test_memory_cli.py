@@ -114,3 +114,17 @@ def test_fsdp2_reshard_to_n_and_qlora_flags(capsys):
                         "lora targets must be among")]:
         assert main([*base, *extra]) == 2
         assert msg in capsys.readouterr().err, extra
+
+
+def test_fp8_is_sized_as_bf16_and_compile_as_eager_each_saying_so(capsys):
+    """``--dtype fp8`` / ``--compile`` (the planner's names): the same bytes as the bf16 eager run, plus a note each."""
+    base = ["--model", "llama3-8b", "--micro-batch", "1", "--seq", "4096", "--json"]
+    out = {}
+    for extra in ([], ["--dtype", "fp8"], ["--compile"]):
+        assert main(base + extra) == 0
+        out[" ".join(extra)] = json.loads(capsys.readouterr().out)
+    plain, fp8, comp = out[""], out["--dtype fp8"], out["--compile"]
+    assert fp8["peak_bytes"] == comp["peak_bytes"] == plain["peak_bytes"]
+    assert fp8["config"]["dtype"] == "bf16"
+    assert any(n.startswith("fp8: sized as bf16") for n in fp8["notes"])
+    assert any("sized as eager" in n for n in comp["notes"]) and not any("sized as eager" in n for n in plain["notes"])

@@ -334,13 +334,15 @@ WITHIN_BOUND = {
     "MPT-7B, seq 8192 (LLM Foundry)", "MPT-7B, A100-80GB (LLM Foundry)", "MPT-70B, A100-80GB (LLM Foundry)",
     "MPT-7B, 128 A100-40GB (LLM Foundry)", "MPT-13B, 128 A100-40GB (LLM Foundry)",
     "Llama 3 70B, FSDP + CP 2 (NeMo AutoModel)", "Llama 3 70B, FSDP 32 x TP 8 (torchtitan)",
-    "Qwen3-235B-A22B, TP 2 x EP 8 x FSDP (Megatron)",
+    "Qwen3-235B-A22B, TP 2 x EP 8 x FSDP (Megatron)", "Llama 3.1 8B, FSDP 8, compile (torchtitan)",
+    "Llama 3.1 8B, FSDP 128, compile (torchtitan)", "Llama 3.1 70B, FSDP 32 x TP 8, compile + Float8 (torchtitan)",
 }
-# Regression guards on the error distribution, a little above what was measured (30 runs, 26 fitting: median |error|
-# 12.4 % over all, non-fitting counted as infinite; over the fitting ones median 4.0 %, 90th percentile 53.5 % — it
-# was 36.0 % over 24 until `recompute op` made torchtitan's two FSDP runs fit, at +54 % / +59 %: its 500 W parts;
-# 20 within 25 %): a change to the time or memory model that makes the table worse fails here.
-MEDIAN_GUARD, FITTING_MEDIAN_GUARD, FITTING_P90_GUARD, MIN_WITHIN_25 = 0.15, 0.05, 0.60, 20
+# Regression guards on the error distribution, a little above what was measured (2026-12-04: 36 runs, 33 fitting:
+# median |error| 16.7 % over all, non-fitting counted as infinite; over the fitting ones median 9.9 %, 90th percentile
+# 35.4 %; 24 within 25 %). History: 30 runs, 12.4 % / 4.0 % / 53.5 %, 20 within 25 %, with torchtitan's runs priced on
+# an SXM H100; the H100-96GB-500W preset (its source's part) and six compile / Float8 / async-TP rows of the same
+# source (+16 ... +27 %) made it what it is. A change to the time or memory model that makes the table worse fails.
+MEDIAN_GUARD, FITTING_MEDIAN_GUARD, FITTING_P90_GUARD, MIN_WITHIN_25 = 0.18, 0.11, 0.40, 24
 
 
 def _published_rows():
@@ -362,6 +364,27 @@ def test_published_runs_predicted_within_bound():
     assert f["median_abs_error"] <= FITTING_MEDIAN_GUARD and f["p90_abs_error"] <= FITTING_P90_GUARD, s
     assert sum(r["metric"] == "tokens" for r in rows) >= 3 and any(b.resolve_model(c.model).is_moe
                                                                    for c in b.CASES)
+
+
+def test_compile_and_float8_speed_ups_on_the_same_part_match_the_published_ratios():
+    """torchtitan's compile and Float8 rows sit beside a bf16 eager row on the same part, so the published ratio
+    checks the compile and fp8 terms alone: each predicted speed-up within 10 % of the published one (measured:
+    compile x1.053 vs x1.157 and x1.162; Float8 x1.361 vs x1.280 and x1.364 vs x1.286). Async TP is not (x1.296 vs
+    x1.057): the overlap model is optimistic, and its predictions say so (``unchecked``)."""
+    b, rows = _published_rows()
+    qs = {q["run"]: q for q in b.ratios(rows)}
+    assert len(qs) == len(b.RATIOS) == 5
+    for run, q in qs.items():
+        if "async" in run:
+            assert q["predicted"] > q["published"] > 1
+            continue
+        assert q["published"] > 1 and q["predicted"] > 1, q
+        assert abs(q["predicted"] / q["published"] - 1) <= 0.10, q
+    async_row = next(c for c in b.CASES if "async" in c.name)
+    c = evaluate(async_row.model, async_row.layout, gpus=async_row.gpus, gpu=async_row.gpu,
+                 network=async_row.network, seq=async_row.seq, global_batch=async_row.global_batch,
+                 dtype=async_row.dtype, compile=True)
+    assert any("tp overlap" in u for u in c.unchecked), c.unchecked
 
 
 def test_a_published_layout_that_does_not_fit_is_a_failure():

@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--network", default="ib-400", help="inter-node network preset: ib-400, ib-200, roce-200, ...")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp8"),
+                   help="compute dtype; fp8: the linear layers on FP8 tensor cores (torchao float8), the rest bf16")
+    p.add_argument("--compile", action="store_true", help="torch.compile: fused element-wise kernels")
     p.add_argument("--attention", default="sdpa", choices=ATTENTION,
                    help="attention implementation, the trainer's names: sdpa (on a GPU its flash kernel: no score "
                         "matrix kept; default) or eager (scores kept and moved through HBM)")
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
         if args.hardware:
             hw, net = load_overrides(args.hardware, hw, net)
         common = dict(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq=args.seq, global_batch=args.global_batch,
-                      dtype=args.dtype, attention=KERNEL[args.attention], hw=hw, net=net)
+                      dtype=args.dtype, attention=KERNEL[args.attention], hw=hw, net=net, compile=args.compile)
         if args.top < 0:
             raise ValueError(f"--top must be >= 0, got {args.top}")
         for flag in ("gpus", "gpus_per_node", "seq", "global_batch", "ep"):

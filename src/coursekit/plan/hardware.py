@@ -126,6 +126,10 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     _gpu("H100-PCIe", src=_NV.format("H100"), gemm_fraction=0.62, attn_fraction=0.40, link_fraction=0.70,
          nccl_link="pci"),
     _gpu("H200", src=_NV.format("H200"), gemm_fraction=0.64, attn_fraction=0.40),
+    _gpu("H100-96GB-500W", gemm_fraction=0.62, attn_fraction=0.40,
+         src="Grand Teton H100 as torchtitan's benchmarks describe it (pytorch/torchtitan benchmarks/"
+             "llama3_h100_202412_torchtitan.md): 96 GB HBM2e, 2.4 TB/s, 500 W; peak at the lower of the two bounds "
+             "it gives (H100 NVL data sheet), H100's fractions"),
     # a ring uses fewer of MI300X's Infinity Fabric links than a full mesh offers, hence the lower link_fraction;
     # RCCL keeps NCCL's tuning model: priced with its Hopper-generation tables (a stated assumption)
     _gpu("MI300X", link_fraction=0.70, gemm_fraction=0.50, attn_fraction=0.30,

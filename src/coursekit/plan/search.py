@@ -89,6 +89,9 @@ def unchecked(shape, L: Layout, p: Prediction) -> tuple[str, ...]:
         out.append(f"context parallelism cp {L.cp} {L.cp_impl} (checked: ring, cp {CHECKED_CP})")
     if shape.is_moe and L.ep > CHECKED_EP:
         out.append(f"experts over {L.ep} EP ranks (checked: EP {CHECKED_EP} inside a node)")
+    if p.overlap.get("tp"):
+        out.append("tp overlap: the one published pair (torchtitan async TP, Llama 3.1 70B) gained x1.06 where the "
+                   "model predicts x1.30: optimistic")
     return tuple(out)
 
 
@@ -104,9 +107,13 @@ def make_cluster(gpus: int, gpus_per_node: int, gpu="H100-80GB", network="ib-400
 
 
 class _Evaluator:
-    def __init__(self, shape, cluster: Cluster, seq, global_batch, dtype, attention):
+    def __init__(self, shape, cluster: Cluster, seq, global_batch, dtype, attention, compile=False):
         self.shape, self.cluster, self.seq, self.B, self.dtype, self.attention = (shape, cluster, seq, global_batch,
                                                                                   dtype, attention)
+        self.compile = compile
+        # memory: fp8 runs as bf16 (torchao float8 keeps bf16 weights and saves the bf16 input and weight of each
+        # linear for backward; its fp8 copies are transient); torch.compile sized as eager
+        self.mem_dtype = "bf16" if dtype == "fp8" else dtype
         self.capacity = int(cluster.hw.memory_bytes * (1 - MEMORY_SLACK))
         self.cache: dict = {}  # Layout -> peak bytes
         self.runs: dict = {}  # degrees and strategy -> the calculator's keywords
@@ -118,7 +125,7 @@ class _Evaluator:
         key = tuple(getattr(L, k) for k in _RUN_FIELDS)
         if key not in self.runs:
             base = replace(L, micro_batch=1, recompute="none", microbatches=self.B // L.dp)
-            self.runs[key] = base.spec(seq=self.seq, dtype=self.dtype,
+            self.runs[key] = base.spec(seq=self.seq, dtype=self.mem_dtype,
                                        attention="sdpa" if self.attention == "flash" else "eager").calculator()
         return self.runs[key]
 
@@ -149,7 +156,7 @@ class _Evaluator:
         if peak > self.capacity and not unfit:
             return None
         p = predict(self.shape, L, self.cluster, seq=self.seq, global_batch=self.B, dtype=self.dtype,
-                    attention=self.attention)
+                    attention=self.attention, compile=self.compile)
         return Candidate(L, p, peak, self.capacity, unchecked(self.shape, L, p))
 
 
@@ -160,7 +167,7 @@ def _check(shape, L: Layout, seq: int) -> None:
 
 def evaluate(model, layout: Layout | dict, *, gpus: int | None = None, gpus_per_node: int = 8, gpu="H100-80GB",
              network="ib-400", seq: int, global_batch: int, dtype: str = "bf16", attention: str = "flash",
-             hw: Hardware | None = None, net: Network | None = None) -> Candidate:
+             hw: Hardware | None = None, net: Network | None = None, compile: bool = False) -> Candidate:
     """One given layout (``--layout``): its memory, fit and predicted step time. A dict may omit the data-parallel
     degree: what tp·pp·cp leave of ``gpus`` goes to dp_shard (engine fsdp2) or dp_replicate."""
     shape = resolve_model(model)
@@ -172,7 +179,7 @@ def evaluate(model, layout: Layout | dict, *, gpus: int | None = None, gpus_per_
                          f"{layout.cp}) but --gpus is {gpus}")
     _check(shape, layout, seq)
     ev = _Evaluator(shape, make_cluster(gpus, gpus_per_node, gpu, network, hw, net), seq, global_batch, dtype,
-                    attention)
+                    attention, compile)
     return ev.candidate(layout)
 
 
@@ -243,7 +250,8 @@ def _ep_degrees(shape, host: int) -> list[int]:
 
 def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="ib-400", seq: int,
          global_batch: int, dtype: str = "bf16", attention: str = "flash", hw: Hardware | None = None,
-         net: Network | None = None, keep_unfit: bool = False, fixed: dict | None = None) -> list[Candidate]:
+         net: Network | None = None, keep_unfit: bool = False, fixed: dict | None = None,
+         compile: bool = False) -> list[Candidate]:
     """All evaluated candidates, fitting ones first, each group by predicted step time. Raises NoFit if none fits.
 
     ``fixed``: Layout fields held at a value (e.g. {"sp": False, "recompute": "full"} to search only what a 2021
@@ -259,7 +267,7 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
     for k, v in (("seq", seq), ("global_batch", global_batch)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{k} must be a positive integer, got {v!r}")
-    ev = _Evaluator(shape, cluster, seq, global_batch, dtype, attention)
+    ev = _Evaluator(shape, cluster, seq, global_batch, dtype, attention, compile)
     out: list[Candidate] = []
     skipped: set = set()
     for stub in layouts_of(shape, gpus, cluster.gpus_per_node, seq, global_batch):

@@ -67,7 +67,7 @@ from coursekit.plan.layout import Layout
 from coursekit.plan.links import Links
 from coursekit.spec.dims import DERIVED
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
 E_H = 32  # hidden-vector reads+writes per token per layer, fwd+bwd (2 norms, 2 residuals, rotary, dropout, casts)
 E_F = 8  # MLP-width reads+writes per token per layer (activation fn and gate product, fwd+bwd)
@@ -87,6 +87,15 @@ DTENSOR_OPS_TP_LAYER = 94
 DTENSOR_OPS_SP_LAYER = 144
 DTENSOR_OPT_OPS = 7
 LOSS_PASSES = 6  # fp32 logits: upcast, log-softmax, its backward
+# torch.compile: Inductor fuses each chain of element-wise ops (a norm with its residual add, rotary, the gate's
+# activation and product) into one kernel that reads its inputs and writes its output once: about a third of eager's
+# HBM passes and kernels (a stated assumption, checked only as the ratio of torchtitan's published compile / eager
+# rows, bench_planner). The GEMMs and attention kernels are unchanged.
+COMPILE_ELEMWISE = 1 / 3
+# torchao float8 (dynamic tensorwise scaling; its autograd function saves the bf16 input and weight and casts them
+# again for backward): an amax pass (read 2 B) and a cast pass (read 2 B, write 1 B) per element cast
+FP8_CAST_BYTES = 5
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
 SCORE_PASSES = 12  # eager attention: s x s scores written/read by scale, mask, softmax, dropout, fwd + bwd
 OPT_BYTES = 32  # AdamW per parameter: fp32 master, m, v read + write (24), fp32 grad read (4), bf16 param (2+2)
 DDP_BUCKET = 25 * 2**20  # torch DDP bucket_cap_mb default
@@ -151,9 +160,15 @@ def _flops(shape, batch: int, seq: int, recompute: str) -> float:
 
 # -- the model ---------------------------------------------------------------------------------------------------------
 def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: int, dtype: str = "bf16",
-            attention: str = "flash") -> Prediction:
-    """Predicted step time of ``layout`` for ``shape`` (a ModelShape) on ``cluster``."""
+            attention: str = "flash", compile: bool = False) -> Prediction:
+    """Predicted step time of ``layout`` for ``shape`` (a ModelShape) on ``cluster``. ``dtype`` fp8: the linear
+    layers' GEMMs on the FP8 tensor cores with torchao float8's dynamic casts, the rest bf16 (MFU then counts
+    against the bf16 peak); ``compile``: torch.compile's fused element-wise kernels (COMPILE_ELEMWISE)."""
     hw, L = cluster.hw, layout
+    gemm_dtype = dtype
+    if dtype == "fp8":
+        hw.peak("fp8")  # a GPU without FP8 tensor cores is refused here, by name
+        dtype = "bf16"
     if attention not in ("flash", "eager"):
         raise ValueError(f"attention must be flash or eager, got {attention!r}")
     if global_batch % (L.dp * L.micro_batch):
@@ -169,7 +184,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     links = Links(L, cluster)
     ov = overlap.resolve(L)
     layer, a_fwd, a_bwd, gemms = _layer_time(shape, L, hw, t=t, seq=seq, act=act, dtype=dtype, attention=attention,
-                                             sp=sp)
+                                             sp=sp, gemm_dtype=gemm_dtype, compiled=compile)
     tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd)
     if ov.get("tp"):  # each collective pipelined with its GEMM in tp chunks: the first chunk, or what the GEMMs leave
         tp_s = max(tp_s / tp, tp_s - hw.overlap * gemms)
@@ -203,7 +218,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     gpus = L.world
     mflops = _flops(shape, global_batch, seq, "none")
     hflops = _flops(shape, global_batch, seq, L.recompute)
-    peak = hw.peak(dtype)
+    peak = hw.peak(dtype)  # fp8: against the bf16 peak (both tensor-core kinds run; torchtitan: "not well-defined")
     exposed = {"tp": m * stage_layers * tp_s + tp_step, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
                "dp": m * fsdp_mb + step_dp, **({"ep": m * stage_layers * ep_s} if L.ep > 1 else {})}
     link_kinds = {name: links.kind(axes) for name, axes in
@@ -228,9 +243,11 @@ def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
     return links.time("all_reduce", (router + experts) * 4 / 3, ("tp",), 3 * stage_layers)
 
 
-def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[float, float, float, float]:
+def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=None,
+                compiled=False) -> tuple[float, float, float, float]:
     """Compute of one layer, one micro-batch (forward, backward, recompute): (layer, attention fwd, attention bwd,
-    the GEMMs' forward + backward)."""
+    the GEMMs' forward + backward). ``gemm_dtype`` fp8: the linear GEMMs on FP8 tensor cores plus their casts."""
+    gd = gemm_dtype or dtype
     h, f, d, tp, cp = shape.hidden, shape.ffn, shape.head_dim, L.tp, L.cp
     heads = shape.heads / tp
     kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
@@ -242,11 +259,11 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[flo
         gemms += [(t / tp, h, shape.experts), (rows, h, 2 * shape.moe_ffn), (rows, shape.moe_ffn, h)]
     else:
         gemms += [(t, h, n_in * f / tp), (t, f / tp, h)]
-    g_fwd, g_op = sum(gemm_time(*g, hw, dtype) for g in gemms), 0.0
+    g_fwd, g_op = sum(gemm_time(*g, hw, gd) for g in gemms), 0.0
     if L.recompute == "op":  # the GEMMs the op policy recomputes: k, o; the MLP's up (proj), or router + experts
         redo = [(t, h, kv_heads * d), (t, heads * d, h)]
         redo += gemms[2:] if shape.is_moe else [(t, h, f / tp) if n_in == 2 else (t, f / tp, h)]
-        g_op = sum(gemm_time(*g, hw, dtype) for g in redo)
+        g_op = sum(gemm_time(*g, hw, gd) for g in redo)
     if attention == "flash":
         fl = 4 * L.micro_batch * heads * (seq / cp) * seq * d * 0.5  # causal, load-balanced over CP ranks
         a_fwd = max(fl / (hw.peak(dtype) * hw.attn_fraction), hw.kernel_floor_s)
@@ -257,7 +274,9 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp) -> tuple[flo
         a_fwd += SCORE_PASSES / 2 * bmm * (seq / cp) * seq * act / (hw.hbm_bw * HBM_FRACTION)
         a_bwd = 2 * a_fwd
     elem = t * (E_H * h / (tp if sp else 1) + E_F * f / tp) * act / (hw.hbm_bw * HBM_FRACTION)
-    elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s)
+    elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s) * (COMPILE_ELEMWISE if compiled else 1)
+    if gd == "fp8":  # each linear's input, weight (forward, again in backward) and output gradient: amax + cast
+        elem += sum(FP8_CAST_BYTES * (2 * M * K + 2 * K * N + M * N) for M, K, N in gemms) / (hw.hbm_bw * HBM_FRACTION)
     rc = {"none": 0.0, "selective": a_fwd, "full": g_fwd + a_fwd + elem / 3, "op": g_op + elem / 3}[L.recompute]
     return 3 * g_fwd + a_fwd + a_bwd + elem + rc, a_fwd, a_bwd, 3 * g_fwd
 
