@@ -170,7 +170,9 @@ def score(module: str, tests: list[str], *, keep: bool = False, timeout: float =
         meta = work / "mutants" / (path + ".meta")
         codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.is_file() else {}
         if not any(c is not None for c in codes.values()):  # nothing checked: the tests did not even collect
-            return {"module": module, "error": (r.stdout + r.stderr).replace("\r", "\n").strip().splitlines()[-3:]}
+            said = [ln for ln in (r.stdout + r.stderr).replace("\r", "\n").splitlines()
+                    if ln.strip() and "Warning" not in ln and "warnings.warn" not in ln and "Running stats" not in ln]
+            return {"module": module, "error": said[-8:]}
         return {"module": module, **tally(module, codes),
                 "seconds": time.monotonic() - t0, "copy": str(work) if keep else None}
     finally:
