@@ -90,6 +90,12 @@ device = _init_rank(rank, world_size, {port}, {device!r})
 _dump_on_request({trigger!r})
 """
 FR_WAIT_S = 10.0  # how long a hang's diagnosis waits for every rank's dump
+# the controller adds an engine at its first heartbeat: ipyparallel's 3 s period cost a pool ~4.6 s of its start
+# (6.5 -> 1.9 s to 2 registered engines here); a 0.2 s period, with as many seconds of misses (30) as the default
+HEARTBEAT = ["--HeartMonitor.period=200", "--HeartMonitor.max_heartmonitor_misses=150"]
+# each engine's nanny (remote signals of one engine, which the pool does not use) outlived it by seconds, and close()
+# waited for reap's SIGTERM grace: close 4.7 -> ~1 s for 2 ranks
+NO_NANNY = ["--IPEngine.enable_nanny=False"]
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted run waits for every rank's cell to stop
 
 
@@ -107,7 +113,9 @@ class Pool:
     # -- life cycle ------------------------------------------------------------------------------------------------
     def _start(self) -> None:
         import ipyparallel as ipp
+        from traitlets.config import Config
 
+        t0 = time.monotonic()
         self._launch_id = uuid.uuid4().hex
         self._fr = tempfile.mkdtemp(prefix="coursekit-pool-fr-")
         saved = dict(os.environ)
@@ -115,12 +123,14 @@ class Pool:
         os.environ.update(stamped_env({LAUNCH_ID_ENV: self._launch_id}), TORCH_FR_BUFFER_SIZE="2000",
                           **{frwrap.DIR_ENV: self._fr})
         try:
-            self._cluster = ipp.Cluster(n=self.n, engines="local", log_level=40)
+            self._cluster = ipp.Cluster(n=self.n, engines="local", log_level=40, controller_args=HEARTBEAT,
+                                        config=Config({"LocalEngineSetLauncher": {"engine_args": NO_NANNY}}))
             self._client = self._cluster.start_and_connect_sync(activate=False)
             self._client.wait_for_engines(self.n, timeout=self.start_timeout)
         finally:
             os.environ.clear()
             os.environ.update(saved)
+        up = time.monotonic()
         ids = sorted(self._client.ids)[: self.n]
         self._engines = {rank: self._client[e] for rank, e in enumerate(ids)}
         self._view = self._client[ids]
@@ -131,6 +141,7 @@ class Pool:
         for ar in setup.values():
             ar.get(timeout=self.start_timeout)
         self.devices = {r: d for r, d in zip(self._engines, self._view.pull("device", block=True))}
+        self._start_s = {"engines up": up - t0, "torch, process group": time.monotonic() - up}  # bench_pool
 
     def close(self) -> None:
         """Stop every rank (and the controller); idempotent."""
@@ -138,6 +149,8 @@ class Pool:
             return
         try:
             self._client.close()
+            # a rank's state goes with the pool: SIGKILL spares each engine Python's teardown of torch (~1.5 s)
+            self._cluster.signal_engines_sync(signal.SIGKILL)
             self._cluster.stop_cluster_sync()
         finally:
             self._cluster = self._client = None
