@@ -12,7 +12,8 @@ from coursekit import options
 FROZEN = {
     "launcher": ["--nproc", "--timeout", "--json", "--max-restarts"],
     "train": ["--model", "--steps", "--seq", "--micro-batch", "--global-batch", "--grad-accum", "--microbatches",
-              "--dtype", "--attention", "--lr", "--weight-decay", "--seed", "--data", "--recompute", "--compile",
+              "--dtype", "--attention", "--lr", "--weight-decay", "--seed", "--data", "--recompute",
+              "--recompute-layers", "--compile",
               "--router-aux-loss-coef"],
     "parallel": ["--strategy", "--dp-replicate", "--dp-shard", "--tp", "--pp", "--cp"],
     "ckpt": ["--ckpt-dir", "--save-every", "--async-ckpt", "--keep"],

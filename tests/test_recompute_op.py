@@ -146,3 +146,55 @@ def test_planner_prices_op_between_none_and_full():
     t = {rc: x.prediction.step_time_s for rc, x in c.items()}
     assert t["none"] < t["op"] < t["full"]
     assert c["full"].peak_bytes < c["op"].peak_bytes < c["none"].peak_bytes
+
+
+# -- per-layer full recompute (Megatron's block method) ------------------------------------------------------------
+def test_recompute_layers_keeps_the_other_blocks_whole_and_equals_the_calculator(no_orphans):
+    """--recompute full --recompute-layers 1 on tiny-llama's 2 blocks: block 0 keeps only its input, block 1 all
+    its activations. The counted peak of saved bytes equals the calculator's for that mix, which lies strictly
+    between full and no recompute (a trainer that recomputed both blocks, or none, would not match), and the losses
+    are one process's without recompute (recompute changes nothing but memory)."""
+    from coursekit.profiling.stepcount import predicted_saved
+
+    res = train("single", 1, "--recompute", "full", "--recompute-layers", "1", "--count-step")
+    assert_equal_to_single(res, baseline())
+    _saved_as_predicted(res, ["--recompute", "full", "--recompute-layers", "1"], 1)
+    full, part, none = (predicted_saved(["--strategy", "single", *COMMON, *x], 1)[0] for x in (
+        ["--recompute", "full"], ["--recompute", "full", "--recompute-layers", "1"], []))
+    assert full < part < none
+    # the calculator's mix, by hand: one recomputed layer (its input) + one whole layer, which also keeps the RoPE
+    # tables its rotary saves (full recompute keeps none); embedding and head as under full recompute
+    kw = dict(dtype="fp32", kernels="cpu", position_ids="per-sequence")
+    f = activation_bytes(preset("tiny-llama"), 8, 32, recompute="full", **kw)
+    n = activation_bytes(preset("tiny-llama"), 8, 32, **kw)
+    assert part - full == n.layer_bytes - f.layer_bytes + sum(n.shared.values()) - sum(f.shared.values())
+
+
+def test_recompute_layers_needs_full_recompute_everywhere():
+    from coursekit.memory import TrainConfig
+    from coursekit.plan import Layout
+    from coursekit.spec.runspec import RunSpec
+
+    for make in (lambda: TrainConfig(batch=1, seq=32, recompute="op", recompute_layers=1),
+                 lambda: RunSpec(model="tiny-llama", recompute="none", recompute_layers=2),
+                 lambda: Layout(recompute="selective", recompute_layers=1)):
+        with pytest.raises(ValueError, match="recompute_layers"):
+            make()
+    out = subprocess.run([sys.executable, "-m", "coursekit.cli", "train", "--model", "tiny-llama",
+                          "--recompute-layers", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--recompute-layers" in out.stderr
+
+
+@pytest.mark.slow  # default tier: test_recompute_layers_keeps_the_other_blocks_whole_and_equals_the_calculator
+def test_recompute_layers_counts_per_pipeline_stage(tmp_path, no_orphans):
+    """Under pp 2 (4 blocks, 2 per stage, 1F1B) --recompute-layers 1 recomputes each stage's first block: every
+    rank's counted peak equals the calculator's per-stage figure, and the run equals one process."""
+    from parity import llama_file
+    from test_pp import assert_saved_as_predicted
+
+    model = llama_file(tmp_path, num_hidden_layers=4)
+    args = ["--model", model, "--pp", "2", "--grad-accum", "4", "--pp-schedule", "1f1b", "--recompute", "full",
+            "--recompute-layers", "1"]
+    res = train("ddp", 2, *args, "--count-step")
+    assert_equal_to_single(res, baseline("--model", model))
+    assert_saved_as_predicted(res, args)

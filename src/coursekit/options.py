@@ -56,6 +56,9 @@ class TrainingOptions:
     recompute: str = field(default="none", metadata={"choices": TRAINER_RECOMPUTE})
     """Activation checkpointing of every transformer block: full recomputes it whole, op keeps the outputs of
     torchtitan's per-op save list (every second matmul ...) and recomputes the rest."""
+    recompute_layers: int | None = field(default=None, metadata={"min": 1, "max": 1 << 20})
+    """With --recompute full: recompute only the first N blocks of each pipeline stage (Megatron's
+    --recompute-method block --recompute-num-layers N); default: every block."""
     compile: bool = False
     """torch.compile every transformer block (inductor)."""
     router_aux_loss_coef: float | None = field(default=None, metadata={"min": 0})

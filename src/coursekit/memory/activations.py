@@ -66,10 +66,27 @@ class ActivationReport:
     layers: int
     attention_kernel: str
     notes: tuple[str, ...] = field(default=())
+    recompute_layers: int | None = None
+    """Full recompute of only the first N layers of each stage: the others hold ``plain_layer_bytes`` each, and a
+    stage with such a layer keeps ``plain_shared`` (the RoPE tables its rotary saves) in place of ``shared``."""
+    plain_layer_bytes: int = 0
+    plain_shared: dict = field(default_factory=dict)
 
     @property
     def layer_bytes(self) -> int:
         return sum(self.per_layer.values())
+
+    def layers_bytes(self, layers: int) -> int:
+        """Saved bytes of ``layers`` consecutive layers of one stage (the first ``recompute_layers`` recomputed)."""
+        if self.recompute_layers is None:
+            return layers * self.layer_bytes
+        n = min(layers, self.recompute_layers)
+        return n * self.layer_bytes + (layers - n) * self.plain_layer_bytes
+
+    def shared_bytes(self, layers: int) -> int:
+        """The shared tables a stage of ``layers`` layers keeps."""
+        whole = self.recompute_layers is not None and layers > self.recompute_layers
+        return sum((self.plain_shared if whole else self.shared).values())
 
     @property
     def model(self) -> dict[str, int]:
@@ -79,12 +96,12 @@ class ActivationReport:
     @property
     def total_bytes(self) -> int:
         """Saved bytes of the whole model's forward, embedding to loss (each storage once)."""
-        return (self.layers * self.layer_bytes + sum(self.embed.values()) + sum(self.shared.values())
+        return (self.layers_bytes(self.layers) + sum(self.embed.values()) + self.shared_bytes(self.layers)
                 + sum(self.head.values()))
 
     def stage_bytes(self, layers: int, first: bool, last: bool) -> int:
         """Saved bytes of one micro-batch on a pipeline stage holding ``layers`` layers."""
-        return (layers * self.layer_bytes + sum(self.shared.values()) + (sum(self.embed.values()) if first else 0)
+        return (self.layers_bytes(layers) + self.shared_bytes(layers) + (sum(self.embed.values()) if first else 0)
                 + (sum(self.head.values()) if last else 0))
 
 

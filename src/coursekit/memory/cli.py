@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--impl", default="hf", choices=list(IMPLS), help="hf modules as they are, or fused kernels")
     a("--kernels", default="cuda", choices=list(KERNELS), help="device whose kernels run the hf modules")
     a("--recompute", default="none", choices=list(RECOMPUTE))
+    a("--recompute-layers", type=int, help="with --recompute full: only the first N layers of each pipeline stage "
+      "(Megatron's --recompute-num-layers, block method); default: all")
     a("--dropout", type=float, help="override the model's dropout rates")
     a("--strategy", choices=list(registry.STRATEGIES),
       help="the trainer's strategy: sets --engine (and --zero for zeroK); fsdp1 is not modelled (says why)")
@@ -112,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config_kwargs(ns: argparse.Namespace) -> dict:
     kw = dict(batch=ns.batch, seq=ns.seq, dtype=ns.dtype, precision=ns.precision, optimizer=ns.optimizer,
-              attention=ns.attention, impl=ns.impl, kernels=ns.kernels, recompute=ns.recompute, dropout=ns.dropout,
+              attention=ns.attention, impl=ns.impl, kernels=ns.kernels, recompute=ns.recompute,
+              recompute_layers=ns.recompute_layers, dropout=ns.dropout,
               dp=ns.dp, world=ns.world, ddp_bucket_view=not ns.no_bucket_view,
               hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, ep=ns.ep, cp_impl=ns.cp_impl,
               position_ids=ns.position_ids, microbatches=ns.microbatches,

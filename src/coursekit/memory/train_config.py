@@ -38,6 +38,9 @@ class TrainConfig:
     """Which kernels run the hf modules: cuda, or cpu (to compare with a CPU measurement)."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole layers)."""
+    recompute_layers: int | None = None
+    """With recompute full: only the first N layers of each pipeline stage (model chunk) are recomputed, the rest
+    keep all their activations (Megatron's --recompute-method block --recompute-num-layers N); None: every layer."""
     dropout: float | None = None
     """Override every dropout rate of the model (None: the model config's rates)."""
     dp: int | None = None
@@ -139,6 +142,10 @@ class TrainConfig:
         choice("impl", self.impl, IMPLS)
         choice("kernels", self.kernels, KERNELS)
         choice("recompute", self.recompute, RECOMPUTE)
+        if self.recompute_layers is not None:
+            s("recompute_layers", positive_int("recompute_layers", self.recompute_layers))
+            if self.recompute != "full":
+                raise ConfigError(f"recompute_layers needs recompute full, got recompute {self.recompute!r}")
         choice("engine", self.engine, engines.REGISTRY)
         choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
         choice("pp_runtime", self.pp_runtime, PP_RUNTIMES)

@@ -38,6 +38,8 @@ class Layout:
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel rank."""
     recompute: str = "none"
+    recompute_layers: int | None = None
+    """With recompute full: only the first N layers of each pipeline stage (model chunk); None: every layer."""
     zero: int = 0
     engine: str = "ddp"
     pp_schedule: str = "1f1b"
@@ -78,6 +80,11 @@ class Layout:
             raise ValueError("layout ep > 1 runs with DDP, FSDP2 or HSDP (as the trainer does), not DeepSpeed")
         if self.virtual_stages > 1 and (self.pp == 1 or self.pp_schedule != "1f1b"):
             raise ValueError("virtual_stages > 1 is the interleaved 1F1B schedule: needs pp > 1 and pp_schedule=1f1b")
+        if self.recompute_layers is not None and (self.recompute != "full" or isinstance(self.recompute_layers, bool)
+                                                  or not isinstance(self.recompute_layers, int)
+                                                  or self.recompute_layers < 1):
+            raise ValueError(f"layout recompute_layers must be a count >= 1 with recompute=full, got "
+                             f"{self.recompute_layers!r} with recompute={self.recompute}")
         if self.grad_reduce_dtype not in overlap.GRAD_DTYPES:
             raise ValueError(f"layout grad_reduce_dtype must be one of {', '.join(overlap.GRAD_DTYPES)}, got "
                              f"{self.grad_reduce_dtype!r}")
@@ -129,7 +136,8 @@ class Layout:
             pp["grad_accum"] = self.microbatches
         return RunSpec(strategy=self.strategy, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
                        degrees={k: getattr(self, k) for k in DEGREES if getattr(self, k) > 1},
-                       micro_batch=self.micro_batch, recompute=self.recompute, cp_impl=self.cp_impl,
+                       micro_batch=self.micro_batch, recompute=self.recompute,
+                       recompute_layers=self.recompute_layers, cp_impl=self.cp_impl,
                        sp=self.sp and self.tp > 1, **pp, **extra)
 
     def dims(self) -> ParallelDims:
@@ -148,7 +156,7 @@ class Layout:
             parts.append(self.cp_impl)
         parts.append(f"mb{self.micro_batch}")
         if self.recompute != "none":
-            parts.append(f"rc-{self.recompute}")
+            parts.append(f"rc-{self.recompute}" + (f"{self.recompute_layers}" if self.recompute_layers else ""))
         if self.tp > 1 and not self.sp:
             parts.append("no-sp")
         if self.overlap:

@@ -31,7 +31,8 @@ from coursekit.plan.layout import RECOMPUTE, Layout
 from coursekit.plan.steptime import Cluster, Prediction, predict
 
 MEMORY_SLACK = 0.05
-_RUN_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in ("micro_batch", "recompute", "microbatches"))
+_RUN_FIELDS = tuple(f.name for f in fields(Layout)
+                    if f.name not in ("micro_batch", "recompute", "recompute_layers", "microbatches"))
 MIN_CP_TOKENS = 1024
 VIRTUAL_STAGES = (1, 2, 4)
 
@@ -121,10 +122,11 @@ class _Evaluator:
 
     def _run(self, L: Layout) -> dict:
         """The calculator's keywords for L's degrees and strategy (``RunSpec.calculator``), shared by its
-        micro-batches and recompute policies: those set only ``batch``, ``recompute`` and ``microbatches``."""
+        micro-batches and recompute policies: those set only ``batch``, ``recompute`` (``recompute_layers``) and
+        ``microbatches``."""
         key = tuple(getattr(L, k) for k in _RUN_FIELDS)
         if key not in self.runs:
-            base = replace(L, micro_batch=1, recompute="none", microbatches=self.B // L.dp)
+            base = replace(L, micro_batch=1, recompute="none", recompute_layers=None, microbatches=self.B // L.dp)
             self.runs[key] = base.spec(seq=self.seq, dtype=self.mem_dtype,
                                        attention="sdpa" if self.attention == "flash" else "eager").calculator()
         return self.runs[key]
@@ -135,7 +137,7 @@ class _Evaluator:
             # not the trainer's CPU autocast; a pipeline runtime that keeps only in-flight micro-batches' inputs
             # (Megatron-LM, DeepSpeed): torch's pipelining (2.13) keeps every micro-batch's receive buffer for the
             # step, which at hundreds of micro-batches is tens of GiB (`coursekit memory --pp-runtime torch`)
-            kw = {**self._run(L), "batch": L.micro_batch, "recompute": L.recompute,
+            kw = {**self._run(L), "batch": L.micro_batch, "recompute": L.recompute, "recompute_layers": L.recompute_layers,
                   "microbatches": self.B // (L.dp * L.micro_batch), "impl": "fused" if self.attention == "flash" else "hf",
                   "pp_runtime": "megatron"}
             if self.dtype != "fp32":

@@ -13,7 +13,8 @@ Compute (per micro-batch, on the busiest pipeline stage: ceil(L/pp) layers plus 
     hidden vector per token (each TP rank does all of them unless sequence parallelism splits them) and E_F of an
     MLP vector, forward + backward, each layer at least OPS_PER_LAYER kernel floors; the loss reads/writes the
     fp32 logits LOSS_PASSES times.
-  * recompute: full re-runs every layer's forward; selective re-runs the attention core; op (torchtitan's per-op
+  * recompute: full re-runs every layer's forward (``recompute_layers`` N: the first N layers of each model chunk,
+    Megatron's block method: that share of the layers); selective re-runs the attention core; op (torchtitan's per-op
     policy, ``coursekit.memory.op_recompute``) re-runs the forward of the ops it does not keep: the GEMMs of every
     second mm (k, o and the MLP's up, or proj; a MoE block's router and experts) and the element-wise forward
     (a third of the element-wise traffic); q, v, gate, down and the attention kernel's output are kept.
@@ -183,15 +184,18 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     t = L.micro_batch * seq / cp  # tokens per micro-batch on this rank
     links = Links(L, cluster)
     ov = overlap.resolve(L)
+    stage_layers = math.ceil(shape.layers / pp)
+    # recompute full of only the first N layers of each model chunk (Megatron's block method): that share re-runs
+    rc_frac = 1.0 if L.recompute_layers is None else min(1.0, L.recompute_layers * v / stage_layers)
     layer, a_fwd, a_bwd, gemms = _layer_time(shape, L, hw, t=t, seq=seq, act=act, dtype=dtype, attention=attention,
-                                             sp=sp, gemm_dtype=gemm_dtype, compiled=compile)
-    tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd)
+                                             sp=sp, gemm_dtype=gemm_dtype, compiled=compile, rc_frac=rc_frac)
+    tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd,
+                             rc_frac=rc_frac)
     if ov.get("tp"):  # each collective pipelined with its GEMM in tp chunks: the first chunk, or what the GEMMs leave
         tp_s = max(tp_s / tp, tp_s - hw.overlap * gemms)
 
     # one micro-batch on the busiest (last) stage
     h, V = shape.hidden, shape.vocab
-    stage_layers = math.ceil(shape.layers / pp)
     head = 3 * gemm_time(t, h, V / tp, hw, dtype) + max(LOSS_PASSES * t * V / tp * 4 / (hw.hbm_bw * HBM_FRACTION),
                                                         OPS_OUTSIDE_LAYERS * hw.kernel_floor_s)
     compute_mb = stage_layers * layer + head
@@ -218,6 +222,8 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     gpus = L.world
     mflops = _flops(shape, global_batch, seq, "none")
     hflops = _flops(shape, global_batch, seq, L.recompute)
+    if L.recompute == "full" and rc_frac < 1:  # the recomputed share of the layers' forward
+        hflops = mflops + rc_frac * (hflops - mflops)
     peak = hw.peak(dtype)  # fp8: against the bf16 peak (both tensor-core kinds run; torchtitan: "not well-defined")
     exposed = {"tp": m * stage_layers * tp_s + tp_step, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
                "dp": m * fsdp_mb + step_dp, **({"ep": m * stage_layers * ep_s} if L.ep > 1 else {})}
@@ -243,8 +249,8 @@ def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
     return links.time("all_reduce", (router + experts) * 4 / 3, ("tp",), 3 * stage_layers)
 
 
-def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=None,
-                compiled=False) -> tuple[float, float, float, float]:
+def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=None, compiled=False,
+                rc_frac=1.0) -> tuple[float, float, float, float]:
     """Compute of one layer, one micro-batch (forward, backward, recompute): (layer, attention fwd, attention bwd,
     the GEMMs' forward + backward). ``gemm_dtype`` fp8: the linear GEMMs on FP8 tensor cores plus their casts."""
     gd = gemm_dtype or dtype
@@ -277,16 +283,17 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=N
     elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s) * (COMPILE_ELEMWISE if compiled else 1)
     if gd == "fp8":  # each linear's input, weight (forward, again in backward) and output gradient: amax + cast
         elem += sum(FP8_CAST_BYTES * (2 * M * K + 2 * K * N + M * N) for M, K, N in gemms) / (hw.hbm_bw * HBM_FRACTION)
-    rc = {"none": 0.0, "selective": a_fwd, "full": g_fwd + a_fwd + elem / 3, "op": g_op + elem / 3}[L.recompute]
+    rc = {"none": 0.0, "selective": a_fwd, "full": rc_frac * (g_fwd + a_fwd + elem / 3), "op": g_op + elem / 3}[
+        L.recompute]
     return 3 * g_fwd + a_fwd + a_bwd + elem + rc, a_fwd, a_bwd, 3 * g_fwd
 
 
-def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd) -> tuple[float, float]:
+def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd, rc_frac=1.0) -> tuple[float, float]:
     """Exposed TP and CP communication of one layer, one micro-batch."""
     tp, cp, d, h = L.tp, L.cp, shape.head_dim, shape.hidden
     heads = shape.heads / tp
     kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
-    tp_calls = 4 + (2 if L.recompute == "full" else 0)
+    tp_calls = 4 + (2 * rc_frac if L.recompute == "full" else 0)
     tp_payload = L.micro_batch * seq / cp * h * act
     if shape.is_moe:  # attention's all-reduce; the token-split sparse block's output (backward: input grad) gathered
         n = tp_calls // 2  # (under SP the attention's all-gather + reduce-scatter; the block keeps its own tokens)
@@ -311,7 +318,7 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd) -> tuple[floa
             cp_s = 2 * (links.time("all_to_all", 2 * q_bytes, ("cp",)) +
                         links.time("all_to_all", kv_bytes * cp, ("cp",)))
         if L.recompute == "full":
-            cp_s *= 1.5
+            cp_s *= 1 + 0.5 * rc_frac
     return tp_s, cp_s
 
 

@@ -49,6 +49,8 @@ class RunSpec:
     """fp32, or a 16-bit compute dtype (what it means for model states: the strategy's ``amp``)."""
     attention: str = "sdpa"
     recompute: str = "none"
+    recompute_layers: int | None = None
+    """With recompute full: only the first N blocks of each pipeline stage (model chunk) recomputed; None: all."""
     pp_schedule: str = "gpipe"
     pp_virtual: int | None = None
     """Stages per pipeline rank (None: the schedule's own, coursekit.spec.schedules)."""
@@ -75,6 +77,11 @@ class RunSpec:
                 positive_int(k, getattr(self, k))
         positive_int("seq", self.seq)
         positive_int("grad_accum", self.grad_accum)
+        if self.recompute_layers is not None:
+            positive_int("recompute_layers", self.recompute_layers)
+            if self.recompute != "full":
+                raise ConfigError(f"recompute_layers {self.recompute_layers} needs recompute full (it picks which "
+                                  f"blocks full recompute covers), got recompute {self.recompute!r}")
         if self.zero is not None and (self.strategy != "deepspeed" or self.zero not in (0, 1, 2, 3)):
             raise ConfigError(f"zero {self.zero!r}: a ZeRO stage 0-3 is given with strategy deepspeed only "
                               "(zero0-zero3 fix their own)")
@@ -127,6 +134,8 @@ class RunSpec:
         for k in ("seq", "micro_batch", "global_batch", "grad_accum", "dtype", "attention", "recompute"):
             if getattr(self, k) != default[k] or k == "seq":
                 out += [f"--{k.replace('_', '-')}", str(getattr(self, k))]
+        if self.recompute_layers is not None:
+            out += ["--recompute-layers", str(self.recompute_layers)]
         if self.degree("pp") > 1:
             out += ["--pp-schedule", self.pp_schedule]
         if self.degree("cp") > 1:
@@ -148,7 +157,8 @@ class RunSpec:
         return cls(model=t.model, strategy=p.strategy, world=world, dp_replicate=p.dp_replicate,
                    dp_shard=p.dp_shard, degrees=degrees, seq=t.seq, micro_batch=t.micro_batch,
                    global_batch=t.global_batch, grad_accum=t.grad_accum, dtype=t.dtype, attention=t.attention,
-                   recompute=t.recompute, pp_schedule=opt("PipelineOptions", "pp_schedule", "gpipe"),
+                   recompute=t.recompute, recompute_layers=t.recompute_layers,
+                   pp_schedule=opt("PipelineOptions", "pp_schedule", "gpipe"),
                    cp_impl=opt("CPOptions", "cp_impl", "ring"), sp=bool(opt("TPOptions", "sp", False)))
 
     def calculator(self) -> dict:
@@ -164,6 +174,8 @@ class RunSpec:
                   engine=e.engine, dp=dims.dp, world=dims.world_size, tp=d["tp"], pp=d["pp"], cp=d["cp"],
                   ep=dims.ep,
                   sp=self.sp and d["tp"] > 1, cp_impl=self.cp_impl, microbatches=self.grad_accum)
+        if self.recompute_layers is not None:
+            kw["recompute_layers"] = self.recompute_layers
         if d["pp"] > 1:  # without a pipeline the plain loop runs one micro-batch at a time, whatever the schedule
             kw.update(pp_schedule=self.pp_schedule, pp_virtual=self.pp_virtual)
         zero = e.zero if e.zero is not None else self.zero

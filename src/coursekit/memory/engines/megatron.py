@@ -20,7 +20,7 @@ the first, so there every stage is estimated.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from coursekit.memory import pp_order
 from coursekit.memory.activations import ActivationReport, activation_bytes
@@ -138,6 +138,9 @@ def activations(shape, c) -> tuple[ActivationReport, int]:
     if c.recompute != "none":
         plain = activation_bytes(shape, c.batch, c.seq, recompute="none", **kw)
         working = plain.layer_bytes - (acts.layer_bytes if c.recompute == "selective" else 0)
+        if c.recompute_layers is not None:  # only the first N of each stage recomputed: the rest hold it all
+            acts = replace(acts, recompute_layers=c.recompute_layers, plain_layer_bytes=plain.layer_bytes,
+                           plain_shared=dict(plain.shared))
     return acts, working
 
 
