@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -90,11 +91,9 @@ device = _init_rank(rank, world_size, {port}, {device!r})
 _dump_on_request({trigger!r})
 """
 FR_WAIT_S = 10.0  # how long a hang's diagnosis waits for every rank's dump
-# the controller adds an engine at its first heartbeat: ipyparallel's 3 s period cost a pool ~4.6 s of its start
-# (6.5 -> 1.9 s to 2 registered engines here); a 0.2 s period, with as many seconds of misses (30) as the default
+# ipyparallel for a pool (2 engines up 6.5 -> 1.9 s, close 6.4 -> 0.2 s here): an engine joins at a heartbeat (3 s by
+# default; the same 30 s of misses), and its nanny (unused) outlived it, so close() waited out reap's SIGTERM grace
 HEARTBEAT = ["--HeartMonitor.period=200", "--HeartMonitor.max_heartmonitor_misses=150"]
-# each engine's nanny (remote signals of one engine, which the pool does not use) outlived it by seconds, and close()
-# waited for reap's SIGTERM grace: close 4.7 -> ~1 s for 2 ranks
 NO_NANNY = ["--IPEngine.enable_nanny=False"]
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted run waits for every rank's cell to stop
 
@@ -210,16 +209,11 @@ class Pool:
         return [out[r] for r in sorted(out)] if callable(cell) else None
 
     def _wait(self, pending: dict, timeout: float, echo) -> None:
-        end = time.monotonic() + timeout
         try:
-            while not all(ar.ready() for ar in pending.values()) and time.monotonic() < end:
-                echo.flush()
-                time.sleep(0.05)
+            _until_done(pending, timeout, echo.flush)
         except KeyboardInterrupt:  # the notebook's interrupt: every rank's cell gets it too
             self.interrupt()
-            end = time.monotonic() + INTERRUPT_WAIT_S  # until the ranks' cells end: a rank aborts a cell sent
-            while not all(ar.ready() for ar in pending.values()) and time.monotonic() < end:  # while it stops one
-                time.sleep(0.05)
+            _until_done(pending, INTERRUPT_WAIT_S)  # a rank aborts a cell sent while it stops one: wait for its end
             raise
         stuck = sorted(r for r, ar in pending.items() if not ar.ready())
         if stuck:
@@ -280,6 +274,13 @@ class _Echo:
                 self.partial[r] = ""
 
 
+def _until_done(pending: dict, timeout: float, tick=lambda: None) -> None:
+    end = time.monotonic() + timeout
+    while not all(ar.ready() for ar in pending.values()) and time.monotonic() < end:
+        tick()
+        time.sleep(0.05)
+
+
 def _text(x) -> str:
     return x if isinstance(x, str) else "".join(x or [])
 
@@ -292,13 +293,10 @@ def _traceback_of(e: BaseException) -> str:
     tb = getattr(e, "traceback", None)
     if isinstance(tb, list):
         tb = "\n".join(tb)
-    text = tb or f"{type(e).__name__}: {e}"
-    return _strip_ansi(text)
+    return _strip_ansi(tb or f"{type(e).__name__}: {e}")
 
 
 def _strip_ansi(text: str) -> str:
-    import re
-
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
