@@ -7,17 +7,27 @@ from coursekit.comm import volume
 from coursekit.fsdp.predict import step_collectives
 from coursekit.memory import estimate
 from coursekit.memory.calculator import resolve_model
-from parity import assert_equal_to_single, baseline, train
+from parity import assert_equal_to_single, baseline, llama_file, train
+
+# a tiny Llama whose dimensions 2 ranks do not divide (vocab 251, MLP width 177): FSDP2 pads every such weight's
+# first dimension to ceil(d0/2) rows per rank, so the default tier runs the padded path live
+ODD = dict(vocab_size=251, intermediate_size=177)
 
 
-def assert_held_and_sent(res, *, shard: int, replicate: int = 1, reshard: bool | int = True, micro_batches: int = 1):
+@pytest.fixture(scope="module")
+def odd_llama(tmp_path_factory):
+    return llama_file(tmp_path_factory.mktemp("odd"), **ODD)
+
+
+def assert_held_and_sent(res, *, shard: int, replicate: int = 1, reshard: bool | int = True, micro_batches: int = 1,
+                         model="tiny-llama"):
     """Every rank: params / grads / optimizer bytes = the calculator for its shard rank; counted collectives = the
     volume model."""
-    want_plan = step_collectives(resolve_model("tiny-llama"), shard=shard, replicate=replicate, reshard=reshard,
+    want_plan = step_collectives(resolve_model(model), shard=shard, replicate=replicate, reshard=reshard,
                                  micro_batches=micro_batches)
     for r in res.results:
         f = r["final"]
-        e = estimate("tiny-llama", micro_batch=f["micro_batch"], seq=32, dtype="fp32", precision="fp32",
+        e = estimate(model, micro_batch=f["micro_batch"], seq=32, dtype="fp32", precision="fp32",
                      strategy="hsdp" if replicate > 1 else "fsdp2", dp_shard=shard, dp_replicate=replicate,
                      dp_rank=f["coords"]["dp_shard"], fsdp_reshard=reshard)
         want = [e.categories[k] for k in ("parameters", "gradients", "optimizer_states")]
@@ -27,8 +37,19 @@ def assert_held_and_sent(res, *, shard: int, replicate: int = 1, reshard: bool |
         assert got == want_plan, r["rank"]
 
 
+def test_fsdp2_on_two_ranks_with_padded_shards_equals_single(odd_llama, no_orphans):
+    """2 ranks, weights whose first dimension is odd (vocab 251, MLP 177): rank 1's last row of each is padding.
+    Equal to one process; each rank's held bytes (ceil(d0/2) rows of every parameter, its optimizer states only the
+    rows it has) and the padded all-gather / reduce-scatter bytes equal the calculator and the volume model."""
+    res = train("fsdp2", 2, "--model", odd_llama)
+    assert_equal_to_single(res, baseline("--model", odd_llama))
+    assert_held_and_sent(res, shard=2, model=odd_llama)
+    opt = [r["final"]["optimizer_bytes"] for r in res.results]
+    assert opt[1] < opt[0]  # the padded rows have no optimizer states
+
+
 @pytest.mark.parametrize("nproc,extra", [
-    (2, ()),
+    pytest.param(2, (), marks=pytest.mark.slow),  # default tier: the padded 2-rank test above (the same path)
     # uneven shards: 3 does not divide the weights' first dims (padded last rank); slow tier for the default
     # tier's budget (~31 s): the 3-rank padded bytes are checked in test_fsdp_memory.py there
     pytest.param(3, ("--global-batch", "6"), marks=pytest.mark.slow),
