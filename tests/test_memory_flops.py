@@ -127,3 +127,24 @@ def test_mfu_at_the_edges_of_its_range():
     assert mfu(0, "tiny-llama", 8, 1e12) == 0.0  # an idle job has MFU 0, it is not an error
     per_token = flops_per_token("tiny-llama", 8)
     assert mfu(4, "tiny-llama", 8, 0.5, n_gpus=2) == 4 * per_token / (2 * 0.5)  # any positive peak
+
+
+def test_op_recompute_re_runs_every_second_matmul_of_each_block():
+    """torchtitan's per-op policy (SelectiveAC "op": it saves every second mm of its save list, so of a Llama block's
+    seven mms q, k, v, o, gate, up, down it keeps q, v, gate and down) re-runs the forward of the others, k, o and up:
+    2 FLOPs per weight element per token. Llama-3 8B by hand (hidden 4,096, 32 heads and 8 KV heads of 128, FFN
+    14,336, 32 layers): k 4096 x 1024 + o 4096 x 4096 + up 4096 x 14336 = 79,691,776 per layer; one 8,192-token
+    sequence: 2 x 32 x 79,691,776 x 8192 = 41,781,441,855,488 FLOPs more than the model's."""
+    shape = preset("llama3-8b")
+    plain, op = flops_per_step(shape, 1, 8192), flops_per_step(shape, 1, 8192, recompute="op")
+    assert 4096 * 1024 + 4096 * 4096 + 4096 * 14336 == 79_691_776
+    assert op["recompute"] == 41_781_441_855_488
+    assert op["total"] == plain["total"] + 41_781_441_855_488 and op["dense"] == plain["dense"]
+
+
+def test_mfu_counts_one_gpu_unless_told():
+    """Llama-3 8B, one 8,192-token sequence: 474,422,087,516,160 FLOPs (test_conventions, by hand); 3,000 tokens/s on
+    one 989.4 TFLOP/s GPU is 3000 x that / 8192 / 989.4e12 of its peak; on 8 GPUs an eighth of it."""
+    one = 3000 * 474_422_087_516_160 / 8192 / 989.4e12
+    assert mfu(3000.0, "llama3-8b", 8192, 989.4e12) == pytest.approx(one, rel=1e-12)
+    assert mfu(3000.0, "llama3-8b", 8192, 989.4e12, n_gpus=8) == pytest.approx(one / 8, rel=1e-12)
