@@ -13,6 +13,7 @@ micro-batch × grad-accum × data-parallel ranks, the same at every layout, so r
 """
 from __future__ import annotations
 
+import gc
 import sys
 
 
@@ -21,11 +22,14 @@ def main(argv=None) -> int:
     from coursekit.options import parse
     from coursekit.train.loop import run
 
+    gc.freeze()  # what is imported so far (torch: ~170k objects) stays out of the loop's gc.collect (0.25 -> 0.07 s)
     try:
         opts = parse(argv)
         out = run(opts)
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        gc.unfreeze()
     report(out)
     return 0
