@@ -104,7 +104,7 @@ def floor_s(nproc: int) -> tuple[float, dict]:
                               f"--nproc-per-node={nproc}", str(script)], env={"BENCH_PHASES": d})
         t = json.loads((Path(d) / "floor.json").read_text())
     return wall, {"torchrun, python start": t["main"] - w0, "import torch": t["imports"] - t["main"],
-                  "gloo init + barrier": t["group"] - t["imports"], "exit": w1 - t["group"]}
+                  "gloo init, barrier": t["group"] - t["imports"], "exit": w1 - t["group"]}
 
 
 def train_s(nproc: int) -> tuple[float, dict]:

@@ -287,3 +287,9 @@ def test_bench_pool(no_orphans):
     fl, start, r_start, cell, tr, r_tr = map(float, row[1:])
     assert min(fl, start, cell, tr) > 0
     assert r_start == pytest.approx(start / fl, abs=0.01) and r_tr == pytest.approx(tr / fl, abs=0.01)
+    # where the time goes: the floor's and the trainer's phases add up to their wall time (no "other" left)
+    lines = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if " s = " in ln}
+    for name, wall in (("floor", fl), ("train --steps 1", tr)):
+        parts = [float(x.split()[-1]) for x in lines[name].split(" s = ")[1].split(" + ")]
+        assert "other" not in lines[name] and sum(parts) == pytest.approx(wall, abs=0.03), lines[name]
+    assert "worker imports" in lines["train --steps 1"] and "engines up" in lines["pool start"], lines
