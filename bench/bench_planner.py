@@ -281,9 +281,9 @@ CASES = [
     Case("Llama 3 8B, FSDP 8 x TP 8 (torchtitan)", f"{_TITAN}asyncTP_llama3_h100_2025-06_torchtitan.md, Llama3 8b "
          "on 64 H100s, FSDP=8, TP=8, torch.compile, per op SAC, local batch size 12, None (bfloat16), vanilla TP: "
          "4378 tokens/s", "llama3-8b", 64, "H100-96GB-500W", "roce-400", 8192, 96,
-         Layout(dp_shard=8, tp=8, engine="fsdp2", micro_batch=12, recompute="selective"), "tokens", 4378.0,
+         Layout(dp_shard=8, tp=8, engine="fsdp2", micro_batch=12, recompute="op"), "tokens", 4378.0,
          assumed=_TITAN_NOTE + ["tokens/s read as per GPU", "global batch 96 = 8 x 12", "SP on",
-                                "per-op SAC as selective recompute (the calculator models op without TP only)"],
+                                "per-op SAC: the planner's recompute op"],
          compile=True),
     *_titan_2024_rows(),
     # -- mixtures of experts ----------------------------------------------------------------------------------------

@@ -80,8 +80,9 @@ def test_the_policy_counts_forward_and_recompute_apart():
 
 
 def test_op_is_refused_where_not_modelled():
-    with pytest.raises(ConfigError, match="without tp"):
-        activation_bytes(preset("tiny-llama"), 2, 32, recompute="op", tp=2)
+    for kw in (dict(cp=2), dict(tp=2, model="tiny-mixtral"), dict(ep=2, model="tiny-mixtral")):
+        with pytest.raises(ConfigError, match="without cp or ep"):
+            activation_bytes(preset(kw.pop("model", "tiny-llama")), 2, 32, recompute="op", **kw)
     with pytest.raises(ConfigError, match="Llama-style"):
         activation_bytes(preset("gpt2"), 2, 32, recompute="op")
 
@@ -132,8 +133,22 @@ def test_fsdp2_with_op_recompute_equals_single_and_its_saved_bytes(no_orphans):
 def test_op_recompute_equals_single(strategy, nproc, extra, no_orphans):
     res = train(strategy, nproc, "--recompute", "op", "--count-step", *extra)
     assert_equal_to_single(res, baseline(*extra[:2]) if "--model" in extra else baseline())
-    if "--tp" not in extra:  # the calculator does not model op under TP
-        _saved_as_predicted(res, ["--recompute", "op", *extra], nproc)
+    _saved_as_predicted(res, ["--recompute", "op", *extra], nproc)
+
+
+def test_op_under_tp_with_sp_keeps_the_local_mms_and_reduce_scatters(no_orphans):
+    """TP 2 with SP: each rank keeps its block's sequence-shard input, its local q, v, gate and down mm outputs (the
+    widths split by tp, all n tokens) and the two reduce-scatter outputs the list names (n/tp tokens); its counted
+    peak equals the calculator's, the run equals one process. By hand for tiny-llama (n = 8 x 32 = 256 tokens,
+    fp32): 256 x (32 + 16 + 88 + 64) x 4 + 2 x 128 x 64 x 4 = 270,336 B per layer above full recompute's input."""
+    from coursekit.profiling.stepcount import predicted_saved
+
+    res = train("ddp", 2, "--tp", "2", "--sp", "--recompute", "op", "--count-step")
+    assert_equal_to_single(res, baseline())
+    _saved_as_predicted(res, ["--tp", "2", "--sp", "--recompute", "op"], 2)
+    op, full = (predicted_saved(["--strategy", "ddp", *COMMON, "--tp", "2", "--sp", "--recompute", rc], 2)[0]
+                for rc in ("op", "full"))
+    assert op - full == 2 * 270336  # 2 layers
 
 
 def test_planner_prices_op_between_none_and_full():

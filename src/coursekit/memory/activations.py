@@ -159,8 +159,8 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
         t["layer_input(checkpoint)"] = P * n_res * h
     elif recompute == "op":  # torchtitan's per-op policy: coursekit.memory.op_recompute
         op_recompute.check(shape, tp=tp, cp=cp, ep=ep)
-        t.update(op_recompute.layer_terms(shape, kernel, P=P, n=n, a=a, k=k, d=d, h=h, f=f, batch=batch, s=s,
-                                          p_attn=p_attn, cuda=cuda, rng_state=_RNG_STATE))
+        t.update(op_recompute.layer_terms(shape, kernel, P=P, n=n, n_res=n_res, sp=sp, a=a, k=k, d=d, h=h, f=f,
+                                          batch=batch, s=s, p_attn=p_attn, cuda=cuda, rng_state=_RNG_STATE))
     else:
         t.update(norm("attn_norm"))
         t.update(_attention(shape, kernel, recompute, P=P, n=n, a=a, k=k, d=d, h=h, tp=tp, ss=ss, batch=batch, s=s,

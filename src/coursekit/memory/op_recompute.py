@@ -19,8 +19,15 @@ recomputes everything else in backward. What that keeps, in the order the block 
   ``bmm`` (kept: the score matrix and the probabilities·V product, in the math path's fp32). CPU's flash kernel
   (``_scaled_dot_product_flash_attention_for_cpu``) is not on the list: recomputed.
 
-Modelled for the Llama-style blocks (``arch == "llama"``: Llama, Qwen, Mistral, Mixtral ...) on one rank without
-TP, CP or expert parallelism; checked to the byte against the trainer on CPU (``hf`` + ``cpu``).
+Under TP (``coursekit.tp.plan``) the mms are the rank's local ones (their widths split by tp) over all n tokens of
+the micro-batch, the row-parallel ones (o, down) before their reduction; the block input is the residual stream as
+the block gets it (under SP: its sequence shard); under SP the two reduce-scatters of the row-parallel outputs are
+on the list (``_c10d_functional.reduce_scatter_tensor``), so their n/tp-token outputs are kept too; without SP the
+all-reduce is not: recomputed.
+
+Modelled for the Llama-style blocks (``arch == "llama"``: Llama, Qwen, Mistral, Mixtral ...), dense ones under TP
+(with or without SP), without CP or expert parallelism; checked to the byte against the trainer on CPU (``hf`` +
+``cpu``, 1 rank and TP 2 with and without SP).
 """
 from __future__ import annotations
 
@@ -31,15 +38,20 @@ def check(shape, *, tp: int, cp: int, ep: int) -> None:
     if shape.arch != "llama":
         raise ConfigError(f"recompute 'op' is modelled for Llama-style blocks, not {shape.arch!r} (GPT-2's Conv1D "
                           "runs addmm)")
-    if tp > 1 or cp > 1 or ep > 1:
-        raise ConfigError("recompute 'op' is modelled without tp, cp or ep (the policy also keeps collectives' "
-                          "outputs there)")
+    if cp > 1 or ep > 1 or (tp > 1 and shape.is_moe):
+        raise ConfigError("recompute 'op' is modelled without cp or ep, and under tp for dense blocks only (the "
+                          "policy keeps the all-to-alls' outputs there)")
 
 
 def layer_terms(shape, kernel: str, *, P: int, n: int, a: int, k: int, d: int, h: int, f: int, batch: int, s: int,
-                p_attn: float, cuda: bool, rng_state: dict) -> dict[str, int]:
-    """Bytes one block keeps under the op policy (name -> bytes)."""
-    t = {"layer_input(checkpoint)": P * n * h}
+                p_attn: float, cuda: bool, rng_state: dict, n_res: int | None = None, sp: bool = False
+                ) -> dict[str, int]:
+    """Bytes one block keeps under the op policy (name -> bytes); ``n_res``: tokens of the residual stream on this
+    rank (n / tp under SP, else n); ``sp``: the row-parallel outputs are reduce-scattered (kept)."""
+    n_res = n if n_res is None else n_res
+    t = {"layer_input(checkpoint)": P * n_res * h}
+    if sp:
+        t |= {"o_proj.reduce_scatter_out": P * n_res * h, "mlp.down_proj.reduce_scatter_out": P * n_res * h}
     for name, width, _, biased, kept in _linears(shape, a=a, k=k, d=d, h=h, f=f):
         if kept:
             t[f"{name}.out({'addmm' if biased else 'mm'})"] = P * n * width

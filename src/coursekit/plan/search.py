@@ -5,7 +5,7 @@ heads split over tp x cp) while each rank keeps >= MIN_CP_TOKENS tokens; pp over
 the layer count, with 1, 2 or 4 virtual stages; data parallel as DDP, ZeRO-1/2/3, FSDP2 and HSDP (sharded within a
 node, replicated across; with pp > 1 only DDP, ZeRO-1 and FSDP2, as Megatron / DeepSpeed / torchtitan compose
 them); recompute none / selective / full, and op (torchtitan's per-op policy) where the calculator models it (no
-TP, CP or EP); every micro-batch that divides the per-rank batch. 1F1B only: GPipe has
+CP or EP; TP for dense blocks); every micro-batch that divides the per-rank batch. 1F1B only: GPipe has
 the same bubble and holds more activations, so it never wins (``--layout pp_schedule=gpipe`` evaluates it).
 
 Pruning (exact, never drops a fitting layout): a (degrees, strategy) whose smallest configuration (micro-batch 1,
@@ -294,8 +294,8 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
             continue
         per_rank = global_batch // stub.dp
         for rc in ([fixed["recompute"]] if "recompute" in fixed else RECOMPUTE):
-            if rc == "op" and "recompute" not in fixed and max(stub.tp, stub.cp, stub.ep) > 1:
-                continue  # the calculator models op without TP, CP or EP (coursekit.memory.op_recompute)
+            if rc == "op" and "recompute" not in fixed and (max(stub.cp, stub.ep) > 1 or (stub.tp > 1 and shape.is_moe)):
+                continue  # the calculator models op without CP or EP, under TP for dense blocks (memory.op_recompute)
             for mb in ([fixed["micro_batch"]] if "micro_batch" in fixed else _divisors(per_rank)):
                 L = replace(stub, micro_batch=mb, recompute=rc)
                 try:
