@@ -508,15 +508,15 @@ def test_overlap_windows_of_gradient_reduces_and_fsdp_gathers():
     # a model whose fp32 gradients span buckets: 2 layers of h 1024 (8 heads of 128, MHA, ffn 2048), vocab 256:
     # 2·1024 + 4·1024² + 3·1024·2048 = 10,487,808 per layer; last stage 1024 + 256·1024: 21,238,784 parameters
     big = ModelShape(arch="llama", layers=2, hidden=1024, heads=8, kv_heads=8, ffn=2048, vocab=256, max_positions=512)
-    grads = 21238784 * 4  # 84,955,136 B: > one 25 MiB DDP bucket, < one 2e9 B DeepSpeed bucket
-    red = call(1, grads)
+    grads = 21238784 * 4  # 84,955,136 B: 4 DDP buckets of 25 MiB (one all-reduce each), < one 2e9 B DeepSpeed bucket
+    red = call(1, grads / 4, 4)
     for overlap in (1.0, 0.1):
         hw = replace(TOY, overlap=overlap)
         p = predict(big, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
         window = overlap * (p.compute_s / 2) * 2 / 3  # backward: 2/3 of a micro-batch's compute
-        # at least the last 25 MiB bucket; with a short window what does not fit in it
-        assert p.exposed_s["dp"] == pytest.approx(max(red * 25 * 2**20 / grads, red - window), rel=1e-12)
-        assert (overlap == 1.0) == (red * 25 * 2**20 / grads > red - window)  # each branch taken once
+        # at least the last bucket's all-reduce; with a short window what does not fit in it
+        assert p.exposed_s["dp"] == pytest.approx(max(red / 4, red - window), rel=1e-12)
+        assert (overlap == 1.0) == (red / 4 > red - window)  # each branch taken once
         z1 = predict(big, Layout(dp_replicate=2, engine="deepspeed", zero=1, micro_batch=MB), cluster(2, hw),
                      seq=SEQ, global_batch=16)
         z_red = call(0.5, grads)  # one DeepSpeed bucket: nothing reduces before the last one
@@ -550,30 +550,30 @@ def test_zero3_reduces_in_2e9_byte_buckets_and_hsdp_divides_by_the_shard_group()
 def test_overlap_options_per_engine_by_hand():
     """Each overlap switch of ``coursekit.plan.overlap`` changes only its own term, as its rule says."""
     big = ModelShape(arch="llama", layers=2, hidden=1024, heads=8, kv_heads=8, ffn=2048, vocab=256, max_positions=512)
-    grads = 21238784 * 4  # the stage of test_overlap_windows_of_gradient_reduces_and_fsdp_gathers
-    red = call(1, grads)
+    grads = 21238784 * 4  # the stage of test_overlap_windows_of_gradient_reduces_and_fsdp_gathers: 4 DDP buckets
+    red = call(1, grads / 4, 4)
     on = predict(big, Layout(dp_replicate=2, micro_batch=MB), cluster(2), seq=SEQ, global_batch=16)
     off = predict(big, Layout(dp_replicate=2, micro_batch=MB, overlap="no-grad_reduce"), cluster(2), seq=SEQ,
                   global_batch=16)
-    assert on.exposed_s["dp"] == pytest.approx(red * 25 * 2**20 / grads, rel=1e-12)  # the last bucket
+    assert on.exposed_s["dp"] == pytest.approx(red / 4, rel=1e-12)  # the last bucket
     assert off.exposed_s["dp"] == pytest.approx(red, rel=1e-12)  # reduced after backward: all of it
     assert off.overlap == {"grad_reduce": False, "grad_reduce_dtype": "fp32"}
     assert off.compute_s == on.compute_s
-    # bf16 gradients on the wire: half the bytes
+    # bf16 gradients on the wire: half the bytes, in 2 buckets (42,477,568 B over 25 MiB)
     bf = predict(big, Layout(dp_replicate=2, micro_batch=MB, overlap="no-grad_reduce", grad_reduce_dtype="bf16"),
                  cluster(2), seq=SEQ, global_batch=16)
-    assert bf.exposed_s["dp"] == pytest.approx(call(1, grads / 2), rel=1e-12)
+    assert bf.exposed_s["dp"] == pytest.approx(call(1, grads / 4, 2), rel=1e-12)
     # ZeRO-1's parameter all-gather behind the next step's first forward, bucket by bucket: 4 layers of h 4096 hold
-    # 672,174,080 parameters, more than one 5e8-element bucket, so 5e8 / 672,174,080 of the gather stays exposed
-    # (the forward of one micro-batch, a third of its ~4 s of compute, outlasts the rest)
+    # 672,174,080 parameters, two 5e8-element buckets' worth (two all-gathers of half), so one of them stays exposed
+    # (the forward of one micro-batch, a third of its ~4 s of compute, outlasts the other)
     huge = ModelShape(arch="llama", layers=4, hidden=4096, heads=32, kv_heads=32, ffn=8192, vocab=256,
                       max_positions=512)
     n = 672174080
     z = dict(dp_replicate=2, engine="deepspeed", zero=1, micro_batch=MB)
     plain = predict(huge, Layout(**z), cluster(2), seq=SEQ, global_batch=16)
     hidden = predict(huge, Layout(**z, overlap="param_gather"), cluster(2), seq=SEQ, global_batch=16)
-    gather = call(0.5, n * 2)
-    assert plain.exposed_s["dp"] - hidden.exposed_s["dp"] == pytest.approx(gather * (1 - 5e8 / n), rel=1e-9)
+    gather = call(0.5, n * 2 / 2, 2)
+    assert plain.exposed_s["dp"] - hidden.exposed_s["dp"] == pytest.approx(gather / 2, rel=1e-9)
     assert hidden.overlap["param_gather"] and not plain.overlap["param_gather"]
     # FSDP2 without prefetch: every gather and reduce-scatter exposed (as with overlap 0 in the test above)
     f = predict(SHAPE, Layout(dp_shard=2, engine="fsdp2", micro_batch=MB, overlap="no-prefetch"), cluster(2),

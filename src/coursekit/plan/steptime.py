@@ -26,10 +26,11 @@ members of the group per node; alpha grows with ring steps inside a node and tre
 
 Overlap (stated per strategy; each switch is a layout option, ``coursekit.plan.overlap``, and the prediction says
 which it assumed):
-  * DDP / ZeRO-1/2: the gradient reduce overlaps the backward of the last micro-batch except its last bucket
+  * DDP / ZeRO-1/2: one collective per bucket (DDP's 25 MiB, DeepSpeed's 5e8 elements: each pays NCCL's
+    latency); the gradient reduce overlaps the backward of the last micro-batch except its last bucket
     (``grad_reduce``, on; off: all of it exposed); ZeRO-2 reduces each micro-batch during its own backward;
-    ZeRO-1/2 all-gather updated parameters after the step (exposed; ``param_gather`` on: behind the next step's
-    first forward, at least one 5e8-element bucket exposed).
+    ZeRO-1/2 all-gather updated parameters after the step in 5e8-element buckets (exposed; ``param_gather`` on:
+    behind the next step's first forward, at least one bucket exposed).
   * FSDP2 / HSDP / ZeRO-3: the all-gather of the next unit overlaps this unit's compute; exposed: the first
     unit's gather, the last unit's reduce-scatter, and whatever communication exceeds the compute (``prefetch``,
     on; off: every gather and reduce-scatter exposed).
@@ -357,14 +358,17 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
         grad_b = stage_params * gbytes
         bucket = min(grad_b, DDP_BUCKET if L.engine == "ddp" else DS_BUCKET * gbytes)
         op = "all_reduce" if L.zero == 0 else "reduce_scatter"  # DDP and ZeRO-0 all-reduce
-        red = links.time(op, grad_b, dp_axes, 1)
-        exposed_red = max(red * bucket / grad_b, red - bwd_window) if ov["grad_reduce"] else red  # >= last bucket
+        n_red = math.ceil(grad_b / bucket)  # one collective per bucket: NCCL's latency paid per call
+        red = links.time(op, grad_b / n_red, dp_axes, n_red)
+        exposed_red = max(red / n_red, red - bwd_window) if ov["grad_reduce"] else red  # >= the last bucket
         if L.zero == 0:
             step_dp = exposed_red
-        else:  # ZeRO-1/2 all-gather the updated parameters after the step; ZeRO-2 reduces every micro-batch
-            gath = links.time("all_gather", stage_params * pbytes, dp_axes, 1)
+        else:  # ZeRO-1/2 all-gather the updated parameters after the step (allgather_bucket_size buckets); ZeRO-2
+            # reduces every micro-batch
+            n_gath = math.ceil(stage_params / DS_BUCKET)
+            gath = links.time("all_gather", stage_params * pbytes / n_gath, dp_axes, n_gath)
             if ov["param_gather"]:  # bucket by bucket behind the next step's first forward: at least one bucket
-                gath = max(gath * min(1.0, DS_BUCKET / stage_params), gath - hw.overlap * compute_mb / 3)
+                gath = max(gath / n_gath, gath - hw.overlap * compute_mb / 3)
             step_dp = (m if L.zero == 2 else 1) * exposed_red + gath
     host_mb = max(0.0, host_mb - hw.overlap * compute_mb)  # host work hides only behind the device's compute
     return stage_params, fsdp_mb, step_dp, host_mb
