@@ -106,6 +106,13 @@ def _pid():
     return os.getpid()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_restart_gives_fresh_ranks_in_a_fresh_process_group(pool, capsys):
     """``restart()``: new processes (none of the old pids), the old state gone, a new process group of the same
     size whose collectives run (a restart that re-ran the set-up on the old ranks would keep their pids and state;
@@ -115,6 +122,7 @@ def test_restart_gives_fresh_ranks_in_a_fresh_process_group(pool, capsys):
     pool.restart()
     after = pool.run(_pid)
     assert len(set(after)) == 2 and not set(before) & set(after), (before, after)
+    assert not [pid for pid in before if _alive(pid)], "the old ranks still run"
     pool.run("t = torch.tensor([rank + 1]); dist.all_reduce(t); print('old' in dir(), dist.get_world_size(), t.item())")
     out = capsys.readouterr().out
     assert "[rank 0] False 2 3" in out and "[rank 1] False 2 3" in out, out
@@ -154,6 +162,9 @@ def test_resize_then_close_leaves_no_process(pool, capsys):
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     assert left == []
+    from conftest import launched_processes
+
+    assert not launched_processes(), "a pool of before the restarts and the resize left processes"
     with pytest.raises(RuntimeError, match="this pool is closed"):
         pool.run("1")
 
