@@ -54,11 +54,6 @@ EQUIVALENT = {
     "comm.volume": [
         "left open: fsdp's HSDP all-reduce u // world -> u / world differs only for a unit not divisible by the "
         "world, which FSDP2 always pads (the docstring asks for padded counts) but fsdp does not refuse"],
-    "pp.bubble": [
-        "unit B = 3: replaying equal stages gives the same shares for any backward/forward ratio",
-        "a timeline starting at t = 1 instead of 0 (replay restarts from 0); replay's clock default (any non-'cpu' "
-        "is wall); moved = None behaves like False; the loss added to a non-forward chunk changes no time",
-        "not reached (x6): theory_uneven's f.get(s, 0.0) defaults, for a stage with backwards but no forwards"],
     "memory.activations": [
         "error-message wording (x11): each message's value is pinned, not its words",
         "seq / cp, heads / tp, kv_heads / tp, k / C, a / C: every one divides evenly once _check passed",
@@ -108,6 +103,13 @@ MARKED: dict[str, dict[str, str]] = {
     "flops": {
         **{f"x_mfu__mutmut_{i}": f"mfu's causal=causal -> {what}: flops_per_token reads it as a flag, and "
            "its default is False" for i, what in ((22, "causal=None (falsy, as False)"), (25, "left out"))},
+    },
+    "pp.bubble": {
+        "x_ideal__mutmut_17": "ideal's timelines start at t = 1.0 instead of 0: replay only sorts by start time and "
+                              "restarts its own clock from 0",
+        **{f"x_replay__mutmut_{i}": f"replay's clock {what}: _duration reads only 'cpu', anything else is wall"
+           for i, what in ((1, "default 'wall' -> 'XXwallXX'"), (2, "default 'wall' -> 'WALL'"), (6, "-> None"))},
+        "x_replay__mutmut_39": "moved = False -> None: only read as `not moved`",
     },
     "spec.runspec": {
         **{f"xǁRunSpecǁtrainer_argv__mutmut_{i}": f"the defaults' filter 'degrees' -> {what}: only adds the degrees "

@@ -366,3 +366,41 @@ def test_breakdown_splits_each_ranks_span_into_compute_waits_and_the_rest():
     # without events the loss is not counted; chunks without CPU seconds: no stretch
     assert measured([r0, r1]) == pytest.approx([0.6, 0.6])
     assert breakdown([[c[:5] for c in r0], [c[:5] for c in r1]])[0]["stretch"] is None
+
+
+def test_dualpipev_with_equal_stages_gives_every_rank_the_same_bubble():
+    """DualPipeV runs some backwards whole (B) and splits the others (I then W), a different number on each rank (its
+    rank's half and parity). A backward costs 2 either way (B 2, or I 1 + W 1), so every rank does the same work,
+    2 stages x m micro-batches x (F 1 + backward 2) = 6·m, within one common span: the same bubble on every rank."""
+    from coursekit.pp.bubble import ideal
+
+    for p, m in ((2, 4), (3, 6), (2, 5)):
+        kinds = [{k for k, _, _ in order("dualpipev", p, r, m)} for r in range(p)]
+        assert all({"B", "I", "W"} <= k for k in kinds)  # whole and split backwards on each rank
+        shares = ideal("dualpipev", p, m)
+        assert shares == pytest.approx([shares[0]] * p) and 0 < shares[0] < 1, (p, m)
+
+
+def test_uneven_formula_for_a_stage_whose_forwards_were_not_recorded():
+    """As in test_uneven_formula_worked_by_hand (m 2; stage 0 F 2, B 2; stage 1 B 4), but stage 1's forwards are
+    missing from the timelines: its f is 0, or with its loss (1 s per micro-batch, as events) f = 1. GPipe spans:
+    without the loss Σf 2 + max f 2 + Σb 6 + max b 4 = 14; with it 3 + 2 + 6 + 4 = 15."""
+    from coursekit.pp.bubble import theory_uneven
+
+    m = 2
+    st0 = [(0, "F", mb, 0.0, 2.0, 2.0) for mb in range(m)] + [(0, "B", mb, 0.0, 2.0, 2.0) for mb in range(m)]
+    st1 = [(1, "B", mb, 0.0, 4.0, 4.0) for mb in range(m)]
+    assert theory_uneven([st0, st1], None, m, "gpipe") == pytest.approx([1 - 2 * 4 / 14, 1 - 2 * 4 / 14])
+    loss = [[], [(1, "L", mb, 0.0, 1.0, 1.0) for mb in range(m)]]
+    assert theory_uneven([st0, st1], loss, m, "gpipe") == pytest.approx([1 - 2 * 4 / 15, 1 - 2 * 5 / 15])
+
+
+def test_replay_adds_the_loss_to_the_last_stages_forward_only():
+    """test_replay_counts_the_loss...'s zero-bubble pair with a 1 s loss after stage 1's forward: rank 0 F [0, 1];
+    rank 1 F + loss [1, 3], B [3, 5], W [5, 6]; rank 0 B [5, 7]. Span 7, busy 3 and 5 (the loss counted once, in
+    the forward: not again in the backward or the weight pass)."""
+    from coursekit.pp.bubble import replay
+
+    zb = [[(0, "F", 0, 0.0, 1.0), (0, "B", 0, 4.0, 6.0)],
+          [(1, "F", 0, 1.0, 2.0), (1, "B", 0, 2.0, 4.0), (1, "W", 0, 4.0, 5.0)]]
+    assert replay(zb, [[], [(1, "L", 0, 2.0, 3.0)]]) == pytest.approx([1 - 3 / 7, 1 - 5 / 7])
