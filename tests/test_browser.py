@@ -157,3 +157,40 @@ def test_formgrader_assignment_list_and_saving_a_lab(browser, server):
     text = page.locator("body").inner_text()
     assert "Error fetching courses" not in text and "exchange directory does not exist" not in text
     page.close()
+
+
+@pytest.mark.slow  # a grading run and a browser (default tier: test_course_grading's gradebook test, the same path)
+def test_formgrader_gradebook_shows_the_grades_of_coursekit_course_grade(browser, server, tmp_path):
+    """A learner's Lab 1 with `count_params` answered (3 of its points), graded by `coursekit course grade
+    --gradebook` (the re-check; nbgrader's in-kernel run skipped), shows in formgrader: *Manage Students* lists the
+    student with that score, and the lab's submission list has them."""
+    import sys
+
+    import nbformat
+
+    from coursekit.course.authoring import read_lab
+    from coursekit.course.config import Course
+    from lab_submission import submission
+
+    course = Course(server.root)
+    answer = next(c.source for c in read_lab(course, "lab1_memory").cells
+                  if c.kind == "solution" and c.grade_id == "count_params")
+    path = tmp_path / "submitted" / "alice" / "lab1_memory" / "lab1_memory.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(submission(course, "lab1_memory", count_params=answer), path)
+    r = subprocess.run([sys.executable, "-m", "coursekit.cli", "course", "--root", str(server.root), "grade",
+                        str(tmp_path / "submitted"), "--out", str(tmp_path / "out"), "--lab", "lab1_memory",
+                        "--no-nbgrader", "--gradebook"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "alice/lab1_memory 3/21" in r.stderr, r.stderr[-2000:]
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(120_000)
+    page.goto(f"{server.url}/formgrader/manage_students?token={TOKEN}")
+    page.get_by_text("alice", exact=True).first.wait_for()
+    row = page.locator("tr", has_text="alice").first
+    page.screenshot(path=str(ARTEFACTS / "formgrader-students.png"))
+    assert "3" in row.inner_text() and "21" in row.inner_text(), row.inner_text()
+    page.goto(f"{server.url}/formgrader/manage_submissions/lab1_memory?token={TOKEN}")
+    page.get_by_text("alice", exact=True).first.wait_for()
+    page.screenshot(path=str(ARTEFACTS / "formgrader-submissions.png"))
+    page.close()

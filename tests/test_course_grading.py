@@ -105,7 +105,7 @@ def graded(tmp_path_factory):
     finally:
         stop.set()
         watcher.join()
-    return {"rows": {(r.student, r.lab): r for r in rows}, "out": out, "pids": seen, "cases": cases}
+    return {"rows": {(r.student, r.lab): r for r in rows}, "out": out, "pids": seen, "cases": cases, "course": course}
 
 
 def row(graded, student, lab="toy"):
@@ -216,3 +216,32 @@ def test_report_figure_and_table(graded, tmp_path):
     assert re.search(r"toy\s+square", text) and re.search(r"toy\s+hyp", text)
     png = figure(data, tmp_path / "dist.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_graded_rows_reach_formgraders_gradebook(graded):
+    """``coursekit course gradebook OUT`` (``publish``): every graded or flagged row becomes a submission in the
+    course's own gradebook (formgrader's) with the re-check's score per test cell, missing and error rows none; a
+    student's flagged row keeps the re-check's score, not nbgrader's in-kernel one; the executed notebook is where
+    formgrader opens it; publishing twice replaces, it does not duplicate."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from coursekit.course.cli import main as course_cli
+
+    course, out = graded["course"], graded["out"]
+    assert course_cli(["--root", str(course.root), "gradebook", str(out)]) == 0
+    assert course_cli(["--root", str(course.root), "gradebook", str(out)]) == 0  # again: replaced, not added
+    db = "sqlite:///" + str(course.root / "course" / "gradebook.db")  # nbgrader_config.py's, under the course root
+    with Gradebook(db, "coursekit") as gb:
+        for (student, lab), r in graded["rows"].items():
+            if r.status in ("graded", "flagged"):
+                sub = gb.find_submission(lab, student)
+                assert (sub.score, sub.max_score) == (r.score, r.max_score), (student, lab)
+            else:
+                with pytest.raises(MissingEntry):
+                    gb.find_submission(lab, student)
+        assert len(gb.find_assignment("toy").submissions) == sum(
+            r.status in ("graded", "flagged") and lab == "toy" for (_, lab), r in graded["rows"].items())
+        part = {g.name: g.auto_score for nb in gb.find_submission("toy", "partial").notebooks for g in nb.grades}
+        assert sum(v for k, v in part.items() if k.startswith("square")) == 2
+        assert sum(v for k, v in part.items() if k.startswith("hyp")) == 0
+    assert (course.root / "course" / "autograded" / "solution" / "toy" / "toy.ipynb").is_file()

@@ -4,6 +4,7 @@
     coursekit course validate [--lab L] [--fast]     solutions pass every test; releases fail every exercise
     coursekit course grade SUBMISSIONS --out DIR     grades.csv, exercises.csv, feedback HTML per student
     coursekit course report DIR [--out FIG]          score distribution per exercise
+    coursekit course gradebook DIR...                the graded rows into formgrader's gradebook
 """
 from __future__ import annotations
 
@@ -45,10 +46,17 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--sandbox-limits", default=None, metavar="cpu=S,memory=B,nproc=N,fsize=B,tmp=B",
                    help="limits of each sandbox (default cpu=1800,memory=8G,nproc=512,fsize=1G,tmp=1G; "
                         "$COURSEKIT_SANDBOX_LIMITS)")
+    g.add_argument("--gradebook", action="store_true",
+                   help="then write the graded rows into formgrader's gradebook (course/gradebook.db), as "
+                        "`coursekit course gradebook DIR` does (not from a Slurm array's tasks: run that once after)")
 
     r = sub.add_parser("report", help="score distribution per exercise as a figure", allow_abbrev=False)
     r.add_argument("grades", nargs="+", help="output folder(s) of `coursekit course grade` (merged)")
     r.add_argument("--out", default=None, help="figure file (default: score_distribution.png in the first folder)")
+
+    k = sub.add_parser("gradebook", help="write graded rows into formgrader's gradebook (course/gradebook.db) and "
+                                         "their executed notebooks into course/autograded/", allow_abbrev=False)
+    k.add_argument("grades", nargs="+", help="output folder(s) of `coursekit course grade` (later ones win)")
     return p
 
 
@@ -96,6 +104,17 @@ def main(argv=None) -> int:
         bad = [r for r in rows if r.status in ("error", "flagged")]
         print(f"graded {len(rows)} row(s) into {Path(args.out) / 'grades.csv'}"
               f"{f'; {len(bad)} flagged or failed (see the reason column)' if bad else ''}")
+        if args.gradebook:
+            from coursekit.course.gradebook import publish
+
+            n = publish(course, args.out, log=_say)
+            print(f"wrote {n} submission(s) into formgrader's gradebook")
+        return 0
+    if args.cmd == "gradebook":
+        from coursekit.course.gradebook import publish
+
+        n = publish(course, *args.grades, log=_say)
+        print(f"wrote {n} submission(s) into formgrader's gradebook")
         return 0
     if args.cmd == "report":
         from coursekit.course.report import figure, load, table
