@@ -36,7 +36,8 @@ MODULES = {
     "spec.runspec": ["tests/test_runspec.py", "tests/test_run_vocabulary.py"],
     "memory.states": ["tests/test_memory_states.py", "tests/test_memory_engines.py"],
     # its measured grids (torch, CPU and meta device) and the CUDA kernels' meta registrations; not the launch test
-    "memory.activations": ["tests/test_memory_activations.py", "tests/test_memory_cuda_kernels.py", "--deselect",
+    "memory.activations": ["tests/test_memory_activations.py", "tests/test_memory_activations_mutants.py",
+                           "tests/test_memory_cuda_kernels.py", "--deselect",
                            "tests/test_memory_activations.py::"
                            "test_saved_bytes_per_cp_rank_equal_coursekit_memory_cp_impl"],
     "memory.pp_order": ["tests/test_pp_models.py"],  # its torch reference test too (orders cached: it clears them)
@@ -54,11 +55,6 @@ EQUIVALENT = {
     "comm.volume": [
         "left open: fsdp's HSDP all-reduce u // world -> u / world differs only for a unit not divisible by the "
         "world, which FSDP2 always pads (the docstring asks for padded counts) but fsdp does not refuse"],
-    "memory.activations": [
-        "error-message wording (x11): each message's value is pinned, not its words",
-        "seq / cp, heads / tp, kv_heads / tp, k / C, a / C: every one divides evenly once _check passed",
-        "a >= 1 for the MQA view (a > 1 is the only case where it applies); _attention's ulysses=0 default (its "
-        "one caller always passes it; mutmut 3.8 ignores a pragma on a parameter default)"],
     "plan.steptime": [
         "> 1 -> >= 1 where the degree-1 term costs 0 s anyway (sp, pp, ep, cp, dp_replicate, dp x cp)",
         "dropping a calls argument of 1 (Links.time's default): loss sync, DDP reduce, ZeRO gather",
@@ -110,6 +106,13 @@ MARKED: dict[str, dict[str, str]] = {
         **{f"x_replay__mutmut_{i}": f"replay's clock {what}: _duration reads only 'cpu', anything else is wall"
            for i, what in ((1, "default 'wall' -> 'XXwallXX'"), (2, "default 'wall' -> 'WALL'"), (6, "-> None"))},
         "x_replay__mutmut_39": "moved = False -> None: only read as `not moved`",
+    },
+    "memory.activations": {
+        "x__check__mutmut_79": "sp's seq // cp % tp -> seq / cp % tp: seq % cp was refused just above, so seq / cp "
+                               "is a whole number (as a float: the same remainder)",
+        "x__attention__mutmut_1": "_attention's ulysses=0 default -> 1: its one caller always passes it",
+        "x__attention__mutmut_147": "the MQA view's a > 1 -> a >= 1: they differ only at a == k == 1, where "
+                                    "(k if kv_view else a) is 1 either way",
     },
     "spec.runspec": {
         **{f"xǁRunSpecǁtrainer_argv__mutmut_{i}": f"the defaults' filter 'degrees' -> {what}: only adds the degrees "
