@@ -64,6 +64,14 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _gradebook(course, outs) -> int:
+    from coursekit.course.gradebook import publish  # nbgrader's database models: only for this command
+
+    n = publish(course, *outs, log=_say)
+    print(f"wrote {n} submission(s) into formgrader's gradebook")
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from coursekit.course.config import Course
@@ -104,18 +112,9 @@ def main(argv=None) -> int:
         bad = [r for r in rows if r.status in ("error", "flagged")]
         print(f"graded {len(rows)} row(s) into {Path(args.out) / 'grades.csv'}"
               f"{f'; {len(bad)} flagged or failed (see the reason column)' if bad else ''}")
-        if args.gradebook:
-            from coursekit.course.gradebook import publish
-
-            n = publish(course, args.out, log=_say)
-            print(f"wrote {n} submission(s) into formgrader's gradebook")
-        return 0
+        return _gradebook(course, [args.out]) if args.gradebook else 0
     if args.cmd == "gradebook":
-        from coursekit.course.gradebook import publish
-
-        n = publish(course, *args.grades, log=_say)
-        print(f"wrote {n} submission(s) into formgrader's gradebook")
-        return 0
+        return _gradebook(course, args.grades)
     if args.cmd == "report":
         from coursekit.course.report import figure, load, table
 

@@ -15,6 +15,9 @@ import json
 import sys
 
 from coursekit.memory.gpus import GiB
+from coursekit.plan.hardware import hardware, load_overrides, network
+from coursekit.plan.layout import parse_layout
+from coursekit.plan.search import evaluate, explain, pareto, plan
 from coursekit.spec.run import ATTENTION
 
 KERNEL = {"sdpa": "flash", "eager": "eager"}  # the trainer's attention name -> the planner's kernel model
@@ -54,8 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _table(cands, best) -> str:
-    from coursekit.plan.search import explain
-
     head = (f"{'#':>2} {'layout':<44} {'fits':>4} {'GiB':>6} {'step s':>8} {'tok/s/GPU':>10} {'MFU':>6}")
     rows = [head, "-" * len(head)]
     for i, c in enumerate(cands, 1):
@@ -75,8 +76,6 @@ def plot(cands, path: str) -> str:
     """Peak memory vs predicted step time of every candidate; the Pareto front (fitting) marked."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from coursekit.plan.search import pareto
 
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)
@@ -104,10 +103,6 @@ def plot(cands, path: str) -> str:
 
 
 def main(argv=None) -> int:
-    from coursekit.plan.hardware import hardware, load_overrides, network
-    from coursekit.plan.layout import parse_layout
-    from coursekit.plan.search import evaluate, plan
-
     args = build_parser().parse_args(argv)
     try:
         hw, net = hardware(args.gpu), network(args.network)
