@@ -24,7 +24,7 @@ FROZEN = {
     "ddp (only with ddp)": ["--bucket-mb"],
     "zero0-zero3, deepspeed (only with zero0-zero3, deepspeed)": ["--ds-config"],
     "pp (only with pp)": ["--pp-schedule"],
-    "tp (only with tp)": ["--sp"],
+    "tp (only with tp)": ["--sp", "--sp-style"],
     "fsdp2, hsdp, fsdp1 (only with fsdp2, hsdp, fsdp1)": ["--reshard-after-forward", "--wrap", "--offload",
                                                           "--prefetch", "--compile-model"],
     "cp (only with cp)": ["--cp-impl"],

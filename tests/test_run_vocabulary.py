@@ -31,6 +31,8 @@ KNOWN = {
     ("--gpus-per-node", "default"): "the planner assumes 8-GPU nodes; layout shows no nodes unless asked",
     ("--gpu", "default"): "the planner prices an H100 by default; the calculator checks a fit only when asked",
     ("--ep", "default"): "the planner's --ep filters its search (None: every degree); the others' is the run's (1)",
+    ("--sp-style", "default"): "the trainer runs torch's plan; the calculator's default follows --impl (fused: "
+                               "Megatron's profile, hf: torch's)",
 }
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from coursekit.launch import launch
-from parity import assert_equal_to_single, assert_grads_equal_one_process, baseline, train
+from parity import COMMON, assert_equal_to_single, assert_grads_equal_one_process, baseline, train
 
 
 def _config(tmp_path_factory, name, **change):
@@ -64,15 +64,17 @@ def test_tp4_with_replicated_kv_heads_on_a_llama_config_equals_single(tmp_path_f
     assert_equal_to_single(res, baseline("--model", cfg))
 
 
-@pytest.mark.parametrize("sp", [pytest.param(False, marks=pytest.mark.slow), True], ids=["tp", "tp+sp"])  # tp: budget
-def test_collectives_and_saved_bytes_per_tp_rank_equal_the_models(sp, no_orphans):
+@pytest.mark.parametrize("sp,style", [pytest.param(False, "torch", marks=pytest.mark.slow), (True, "torch"),
+                                      pytest.param(True, "megatron", marks=pytest.mark.slow)],
+                         ids=["tp", "tp+sp", "tp+sp-megatron"])  # slow ones: budget (default-tier cover below)
+def test_collectives_and_saved_bytes_per_tp_rank_equal_the_models(sp, style, no_orphans):
     """Per layer: 4 all-reduces of b·s·h without SP; 4 all-gathers + 4 reduce-scatters of the same payload with SP
     (plus the stage's 2 boundary all-gathers: entering its first block, the backward gathers the gradient; leaving
     its last, the forward gathers the sequence); and the vocab-parallel embedding and head: 2 all-reduces of b·s·h
     (embedding output, head input gradient) and the logits' all-gather (b·s·V). Saved bytes per block =
     ``activation_bytes(tp=2, sp=)`` exactly."""
-    res = launch("coursekit.tp.probe", ["--tp", "2", "--seq", "32", "--micro-batch", "2", *(["--sp"] * sp)],
-                 nproc=2, timeout=300, stream=False)
+    res = launch("coursekit.tp.probe", ["--tp", "2", "--seq", "32", "--micro-batch", "2", *(["--sp"] * sp),
+                                        "--sp-style", style], nproc=2, timeout=300, stream=False)
     for r in res.results:
         counted = {(op, n): k for op, n, k in r["counted"]}
         modelled = {(op, n): k for op, n, k in r["modelled"]}
@@ -80,7 +82,8 @@ def test_collectives_and_saved_bytes_per_tp_rank_equal_the_models(sp, no_orphans
         assert modelled[("all_gather", 2 * 32 * 256 * 4)] == 1 and modelled[("all_reduce", act)] == (2 if sp else 10)
         if sp:
             modelled[("all_gather", act)] += 2  # the stage boundary (tp/plan.py seq_shard)
-        assert counted == modelled and sum(modelled.values()) == (21 if sp else 11)
+        # Megatron's style gathers each block input again in backward: 2 more per layer, 2 layers
+        assert counted == modelled and sum(modelled.values()) == (21 + 4 * (style == "megatron") if sp else 11)
         # every block saves what the calculator predicts; the first block also saves the eager attention's fp32
         # causal mask (b, 1, s, s), which later blocks share (one storage, counted once)
         first, *rest = r["saved_per_layer"]
@@ -92,3 +95,23 @@ def test_collectives_and_saved_bytes_per_tp_rank_equal_the_models(sp, no_orphans
     no_sp = sum(activation_bytes(resolve_model("tiny-llama"), 2, 32, dtype="fp32", attention="eager",
                                  kernels="cpu", tp=2).per_layer.values())  # SP keeps the norms' tensors at s/2
     assert (res.results[0]["predicted_per_layer"] < no_sp) == sp
+    if style == "megatron":  # each block input (attention, MLP) kept as its 32-token shard instead of all 64 tokens
+        torch_sp = sum(activation_bytes(resolve_model("tiny-llama"), 2, 32, dtype="fp32", attention="eager",
+                                        kernels="cpu", tp=2, sp=True).per_layer.values())
+        assert torch_sp - res.results[0]["predicted_per_layer"] == 2 * (64 - 32) * 64 * 4
+
+
+def test_megatron_sequence_parallelism_keeps_the_shard_and_equals_single(no_orphans):
+    """--sp --sp-style megatron (coursekit.tp.megatron_sp): the column-parallel linears save each block input's
+    sequence shard and all-gather it again in backward. Step by step equal to one process; every rank's counted peak
+    of saved bytes equals the calculator's, which is torch's plan's less (64 - 32) x 64 fp32 elements per block input
+    (tiny-llama: global batch 8 x seq 32 = 256 tokens, 128 per rank): 2 x 2 layers x 128 x 64 x 4 = 131,072 B.
+    A style that saved the gathered input, or gathered the wrong shard, fails here."""
+    from coursekit.profiling.stepcount import predicted_saved
+
+    res = train("ddp", 2, "--tp", "2", "--sp", "--sp-style", "megatron", "--count-step")
+    assert_equal_to_single(res, baseline())
+    args = ["--strategy", "ddp", *COMMON, "--tp", "2", "--sp"]
+    mega = predicted_saved(args + ["--sp-style", "megatron"], 2)
+    assert [r["final"]["peak_saved_bytes"] for r in res.results] == mega * 2
+    assert predicted_saved(args, 2)[0] - mega[0] == 2 * 2 * 128 * 64 * 4

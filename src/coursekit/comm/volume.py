@@ -196,7 +196,7 @@ def _backward_group(reshard, world: int) -> int:
 
 def tensor_parallel(layers: int, tokens: int, hidden: int, tp: int, *, act_bytes: int = 2,
                     sequence_parallel: bool = False, micro_batches: int = 1,
-                    vocab: int | None = None) -> list[Collective]:
+                    vocab: int | None = None, sp_style: str = "torch") -> list[Collective]:
     """Megatron tensor parallelism of the transformer blocks (Shoeybi et al. 2019, §3, operators f and g).
 
     Per layer and micro-batch: the attention block and the MLP each end in an all-reduce of the activations
@@ -208,12 +208,18 @@ def tensor_parallel(layers: int, tokens: int, hidden: int, tp: int, *, act_bytes
     per micro-batch: the embedding's partial outputs all-reduced (forward), the head's V/tp logits all-gathered for
     the loss (``tokens x vocab x act_bytes``, forward), its input's partial gradient all-reduced (backward).
     Megatron's vocab-parallel cross-entropy keeps the logits split instead (three all-reduces of ``tokens`` floats).
+
+    ``sp_style`` megatron (``coursekit.tp.megatron_sp``): the column-parallel linears keep the sequence shard and
+    all-gather it again in backward: 2 more all-gathers per layer (6 with the 4 reduce-scatters).
     """
     _check(hidden, tp, micro_batches)
+    if sp_style not in ("torch", "megatron"):
+        raise ValueError(f"sp_style must be torch or megatron, got {sp_style!r}")
     s = tokens * hidden * act_bytes
     k = 4 * layers * micro_batches
-    out = [Collective("all_gather", s, k, tp), Collective("reduce_scatter", s, k, tp)] if sequence_parallel else [
-        Collective("all_reduce", s, k, tp)]
+    gathers = k + (2 * layers * micro_batches if sp_style == "megatron" else 0)
+    out = [Collective("all_gather", s, gathers, tp), Collective("reduce_scatter", s, k, tp)] if sequence_parallel \
+        else [Collective("all_reduce", s, k, tp)]
     if vocab is not None and tp > 1:
         out += [Collective("all_reduce", s, 2 * micro_batches, tp),
                 Collective("all_gather", tokens * vocab * act_bytes, micro_batches, tp)]

@@ -128,14 +128,16 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
                      impl: str = "hf", kernels: str = "cuda", recompute: str = "none", dropout: float | None = None,
                      tp: int = 1, sp: bool = False, cp: int = 1, cp_impl: str = "ring",
                      position_ids: str = "shared", ep: int = 1, expert_rows: int | None = None,
-                     aux_loss: bool = False) -> ActivationReport:
+                     aux_loss: bool = False, sp_style: str | None = None) -> ActivationReport:
     """Saved activation bytes of one micro-batch of ``batch`` sequences of ``seq`` tokens, on one TP/CP rank.
 
     ``dropout`` overrides the shape's dropout rates (all of them) when given. A mixture of experts: ``ep`` 1 runs
     transformers' grouped_mm experts, ``ep`` > 1 ``coursekit.ep.dispatch``; ``expert_rows`` is the (token, choice)
     rows one layer's experts on this rank receive (default: a balanced router, tokens x top_k); ``aux_loss``: the
     router's load-balancing loss is computed (transformers' ``load_balancing_loss_func``). The report is
-    cached and shared: treat it as read-only.
+    cached and shared: treat it as read-only. ``sp_style`` (with ``sp``): which column-parallel linears save their
+    input's sequence shard: megatron (Megatron-LM; ``coursekit.tp.megatron_sp``) or torch (torch's plan: the
+    all-gathered input); None: as ``impl`` implies (fused: megatron, hf: torch).
     """
     sp, kernel, (p_attn, p_resid, p_embd) = _check(shape, seq, dtype=dtype, attention=attention, impl=impl,
                                                    kernels=kernels, recompute=recompute, dropout=dropout, tp=tp,
@@ -150,7 +152,8 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, dtype: str = "b
     s = seq // cp
     n = batch * s  # tokens of this rank inside attention / MLP
     n_res = n // tp if sp else n  # tokens of residual-stream tensors (norms, dropout masks)
-    n_lin = n_res if sp and impl == "fused" else n  # saved input of a column-parallel linear (Megatron keeps the shard)
+    megatron = sp_style == "megatron" or (sp_style is None and impl == "fused")
+    n_lin = n_res if sp and megatron else n  # saved input of a column-parallel linear (Megatron keeps the shard)
     ss = batch * a * s * s  # elements of one attention score matrix (causal is still stored dense)
     norm = lambda prefix: _norm(shape, prefix, impl=impl, P=P, stat=stat, h=h, n_res=n_res, n_lin=n_lin)  # noqa: E731
 

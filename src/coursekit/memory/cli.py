@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-bucket-view", action="store_true", help="DDP gradient_as_bucket_view=False (torch's default)")
     a("--tp", type=int, default=1)
     a("--sp", action="store_true", help="sequence parallelism over the TP group")
+    a("--sp-style", choices=["torch", "megatron"], help="with --sp: torch's plan (the column-parallel linears save "
+      "the all-gathered input) or megatron (they save the sequence shard); default: as --impl implies")
     a("--pp", type=int, default=1)
     a("--cp", type=int, default=1)
     a("--ep", type=int, default=1, help="expert-parallel degree (MoE models; borrowed from the dp x cp ranks)")
@@ -117,7 +119,8 @@ def _config_kwargs(ns: argparse.Namespace) -> dict:
               attention=ns.attention, impl=ns.impl, kernels=ns.kernels, recompute=ns.recompute,
               recompute_layers=ns.recompute_layers, dropout=ns.dropout,
               dp=ns.dp, world=ns.world, ddp_bucket_view=not ns.no_bucket_view,
-              hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, pp=ns.pp, cp=ns.cp, ep=ns.ep, cp_impl=ns.cp_impl,
+              hsdp_shard=ns.hsdp_shard, tp=ns.tp, sp=ns.sp, sp_style=ns.sp_style,
+              pp=ns.pp, cp=ns.cp, ep=ns.ep, cp_impl=ns.cp_impl,
               position_ids=ns.position_ids, microbatches=ns.microbatches,
               pp_schedule=ns.pp_schedule, pp_virtual=ns.pp_virtual, pp_runtime=ns.pp_runtime, offload=ns.offload,
               offload_params=ns.offload_params, dp_rank=ns.dp_rank,

@@ -65,6 +65,9 @@ class TrainConfig:
     """Tensor-parallel degree."""
     sp: bool = False
     """Sequence parallelism over the TP group (Megatron-style)."""
+    sp_style: str | None = None
+    """With sp: megatron (the column-parallel linears save their input's sequence shard) or torch (torch's plan:
+    the all-gathered input); None: as impl implies (fused: megatron, hf: torch)."""
     pp: int = 1
     """Pipeline-parallel degree."""
     cp: int = 1
@@ -142,6 +145,8 @@ class TrainConfig:
         choice("impl", self.impl, IMPLS)
         choice("kernels", self.kernels, KERNELS)
         choice("recompute", self.recompute, RECOMPUTE)
+        if self.sp_style is not None:
+            choice("sp_style", self.sp_style, ("torch", "megatron"))
         if self.recompute_layers is not None:
             s("recompute_layers", positive_int("recompute_layers", self.recompute_layers))
             if self.recompute != "full":

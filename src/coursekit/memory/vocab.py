@@ -33,7 +33,7 @@ from coursekit.spec.runspec import RunSpec
 
 ALIASES = {"micro_batch": "batch", "grad_accum": "microbatches"}  # the run description's name -> TrainConfig's
 TRAINER_NAMES = ("strategy", "dp_replicate", "dp_shard", "micro_batch", "grad_accum")  # names only the trainer has
-RUN_FIELDS = ("seq", "attention", "recompute", "recompute_layers", "pp_schedule", "pp_virtual", "cp_impl", "sp", "world")
+RUN_FIELDS = ("seq", "attention", "recompute", "recompute_layers", "pp_schedule", "pp_virtual", "cp_impl", "sp", "sp_style", "world")
 OVERRIDES = ("precision",)  # calculator knobs that may override what the run's strategy implies
 
 

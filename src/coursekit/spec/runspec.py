@@ -57,6 +57,8 @@ class RunSpec:
     cp_impl: str = "ring"
     sp: bool = False
     """Sequence parallelism over the TP group."""
+    sp_style: str = "torch"
+    """With sp: torch's plan, or megatron (the column-parallel linears save the sequence shard)."""
     zero: int | None = None
     """ZeRO stage, for ``strategy deepspeed`` (a zeroK strategy fixes its own)."""
 
@@ -67,6 +69,7 @@ class RunSpec:
         choice("recompute", self.recompute, run.RECOMPUTE)
         choice("pp_schedule", self.pp_schedule, run.PP_SCHEDULES)
         choice("cp_impl", self.cp_impl, run.CP_IMPLS)
+        choice("sp_style", self.sp_style, ("torch", "megatron"))
         unknown = sorted(set(self.degrees) - set(registry.PARALLELISMS))
         if unknown:
             raise ConfigError(f"unknown parallel degree(s) {', '.join(unknown)}; known: {', '.join(registry.PARALLELISMS)}")
@@ -141,7 +144,7 @@ class RunSpec:
         if self.degree("cp") > 1:
             out += ["--cp-impl", self.cp_impl]
         if self.sp and self.degree("tp") > 1:
-            out += ["--sp"]
+            out += ["--sp"] + (["--sp-style", self.sp_style] if self.sp_style != "torch" else [])
         return out
 
     @classmethod
@@ -159,7 +162,8 @@ class RunSpec:
                    global_batch=t.global_batch, grad_accum=t.grad_accum, dtype=t.dtype, attention=t.attention,
                    recompute=t.recompute, recompute_layers=t.recompute_layers,
                    pp_schedule=opt("PipelineOptions", "pp_schedule", "gpipe"),
-                   cp_impl=opt("CPOptions", "cp_impl", "ring"), sp=bool(opt("TPOptions", "sp", False)))
+                   cp_impl=opt("CPOptions", "cp_impl", "ring"), sp=bool(opt("TPOptions", "sp", False)),
+                   sp_style=opt("TPOptions", "sp_style", "torch"))
 
     def calculator(self) -> dict:
         """The calculator's configuration (``coursekit.memory.TrainConfig`` keywords) of this run: the strategy's
@@ -176,6 +180,8 @@ class RunSpec:
                   sp=self.sp and d["tp"] > 1, cp_impl=self.cp_impl, microbatches=self.grad_accum)
         if self.recompute_layers is not None:
             kw["recompute_layers"] = self.recompute_layers
+        if self.sp and d["tp"] > 1 and self.sp_style != "torch":
+            kw["sp_style"] = self.sp_style
         if d["pp"] > 1:  # without a pipeline the plain loop runs one micro-batch at a time, whatever the schedule
             kw.update(pp_schedule=self.pp_schedule, pp_virtual=self.pp_virtual)
         zero = e.zero if e.zero is not None else self.zero

@@ -4,7 +4,9 @@ This file holds only the option group (pure Python, so the CLI parses without im
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+SP_STYLES = ("torch", "megatron")
 
 
 @dataclass(kw_only=True)
@@ -12,3 +14,6 @@ class TPOptions:
     sp: bool = False
     """Sequence parallelism with --tp: norms and the residual stream hold seq/tp tokens per rank (all-gather +
     reduce-scatter replace each all-reduce)."""
+    sp_style: str = field(default="torch", metadata={"choices": SP_STYLES})
+    """With --sp: torch (torch's plan: the column-parallel linears save the all-gathered input) or megatron
+    (Megatron-LM's: they save the rank's sequence shard and all-gather it again in backward)."""

@@ -14,7 +14,9 @@ head are split over the vocabulary (``coursekit.tp.vocab``): V/tp rows of each p
 Sequence parallelism (``--sp``, Korthikanti et al. 2022): between the blocks' TP regions the residual stream and
 the norms hold ``seq/tp`` tokens per rank (``SequenceParallel`` norms). Entering attention / the MLP the input is
 all-gathered (Shard(1) → Replicate), leaving it the row-parallel output is reduce-scattered (Partial → Shard(1)):
-same wire bytes as the all-reduce, activations split in between. The stage's first block takes its slice of the
+same wire bytes as the all-reduce, activations split in between. ``--sp-style megatron`` (``coursekit.tp.
+megatron_sp``): the column-parallel linears keep that input's sequence shard, not the gathered copy, and gather it
+again in backward, as Megatron-LM does. The stage's first block takes its slice of the
 (replicated) embedding output, its last block's output is all-gathered again, so the final norm and the head's
 input stay whole sequences, and a pipeline stage sends whole sequences.
 
@@ -53,9 +55,18 @@ class TensorParallel:
         plan_for(shape.family, "--tp", opts.train.model)
         if shape.is_moe:
             cls._check_moe(opts, dims)
-        if opts.of(TPOptions).sp and (opts.train.seq // dims.cp) % dims.tp:
+        o = opts.of(TPOptions)
+        if o.sp and (opts.train.seq // dims.cp) % dims.tp:
             raise ValueError(f"--sp needs the sequence per CP rank ({opts.train.seq // dims.cp}) divisible by "
                              f"tp {dims.tp}")
+        if o.sp_style == "megatron":
+            why = ("it needs --sp" if not o.sp else "a mixture of experts splits its tokens, not weights" if
+                   shape.is_moe else f"fewer K/V heads ({shape.kv_heads}) than tp are replicated" if
+                   shape.kv_heads < dims.tp else f"--recompute {opts.train.recompute} checkpoints the block already"
+                   if opts.train.recompute != "none" else "--compile is not supported with it" if opts.train.compile
+                   else "")
+            if why:
+                raise ValueError(f"--sp-style megatron: {why}")
 
     @staticmethod
     def _check_moe(opts, dims) -> None:
@@ -72,6 +83,7 @@ class TensorParallel:
         from coursekit.memory.calculator import resolve_model
         self.ctx = ctx
         self.sp = ctx.opts.of(TPOptions).sp
+        self.megatron = self.sp and ctx.opts.of(TPOptions).sp_style == "megatron"
         model = ctx.opts.train.model
         self.family = plan_for(resolve_model(model).family, "--tp", model)
 
@@ -84,9 +96,11 @@ class TensorParallel:
         inp = Shard(1) if self.sp else Replicate()
         out = {"output_layouts": Shard(1)} if self.sp else {}
         f = self.family
-        p = {f.attention: PrepareModuleInput(input_kwarg_layouts={"hidden_states": inp},
-                                             desired_input_kwarg_layouts={"hidden_states": Replicate()})}
-        if f.experts is None:  # a sparse block takes plain tensors: its tokens are split (token_split), not weights
+        p = {}
+        if not self.megatron:  # Megatron's style gathers inside its linears (coursekit.tp.megatron_sp)
+            p[f.attention] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": inp},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        if f.experts is None and not self.megatron:  # a sparse block's tokens are split (token_split), not weights
             p[f.mlp] = PrepareModuleInput(input_layouts=(inp,), desired_input_layouts=(Replicate(),))
         p |= {name: ColwiseParallel() for name in f.colwise + (f.kv if kv_split else ())}
         p |= {name: RowwiseParallel(**out) for name in f.rowwise}
@@ -112,6 +126,11 @@ class TensorParallel:
             attn = getattr(block, attn_name)
             kv = attn.k_proj.out_features // attn.head_dim
             parallelize_module(block, mesh, self.plan(kv_split=kv >= tp))
+            if self.megatron:
+                from coursekit.tp import megatron_sp  # torch: `check` runs in the CLI, before any launch
+
+                for parent, names in _by_parent(self.family.colwise + self.family.kv).items():
+                    megatron_sp.install(block.get_submodule(parent), names, mesh)
             if kv < tp:
                 for proj in (attn.k_proj, attn.v_proj):
                     replicate_kv(proj, mesh, head=rank * kv // tp, head_dim=attn.head_dim)
@@ -131,6 +150,16 @@ class TensorParallel:
                 moe = block.get_submodule(self.family.mlp)
                 token_split(moe, mesh, self.sp)
                 mark_partial(moe, mesh.get_group())  # its router and experts saw 1/tp of the tokens
+
+
+def _by_parent(names: tuple[str, ...]) -> dict:
+    """{"self_attn": ("q_proj", "k_proj", "v_proj"), "mlp": ("gate_proj", "up_proj")} from dotted names."""
+    out: dict = {}
+    for n in names:
+        parent, _, leaf = n.rpartition(".")
+        out.setdefault(parent, ())
+        out[parent] += (leaf,)
+    return out
 
 
 def replicate_kv(proj, mesh, *, head: int, head_dim: int) -> None:

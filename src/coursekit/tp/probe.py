@@ -28,7 +28,7 @@ def run(argv) -> dict:
     from coursekit.tp import TPOptions
 
     opts = parse(["--strategy", "ddp", "--attention", "eager", *argv])
-    t, sp = opts.train, opts.of(TPOptions).sp
+    t, sp, style = opts.train, opts.of(TPOptions).sp, opts.of(TPOptions).sp_style
     with ckdist.session(seed=t.seed) as info:
         run_ = build_run(info, opts, setup=False)  # the trainer's model, without the data-parallel wrap
         ctx, model = run_.ctx, run_.model
@@ -45,9 +45,9 @@ def run(argv) -> dict:
                 ops[(r.op, r.bytes)] += 1
         saved = saved_activation_bytes(model, ids, breakdown=True, position_ids=pos)["by_layer"]
         predicted = activation_bytes(shape, b, s, dtype="fp32", attention="eager", kernels="cpu", tp=tp,
-                                     sp=sp).per_layer
+                                     sp=sp, sp_style=style).per_layer
         model_ops = volume.tensor_parallel(shape.layers, b * s, shape.hidden, tp, act_bytes=4,
-                                           sequence_parallel=sp, vocab=shape.vocab)
+                                           sequence_parallel=sp, vocab=shape.vocab, sp_style=style)
         return {"rank": info.rank, "layers": shape.layers,
                 "counted": [[op, n, k] for (op, n), k in sorted(ops.items())],
                 "modelled": [[c.op, c.bytes, c.count] for c in model_ops],

@@ -131,7 +131,7 @@ def activations(shape, c) -> tuple[ActivationReport, int]:
     op (torchtitan's per-op policy) one layer's activations too, as under full (an upper bound: the re-run's kept
     outputs are the ones already counted)."""
     kw = dict(dtype=c.dtype, attention=c.attention, impl=c.impl, kernels=c.kernels, dropout=c.dropout, tp=c.tp,
-              sp=c.sp, cp=c.cp, cp_impl=c.cp_impl, position_ids=c.position_ids, ep=c.ep,
+              sp=c.sp, sp_style=c.sp_style, cp=c.cp, cp_impl=c.cp_impl, position_ids=c.position_ids, ep=c.ep,
               aux_loss=c.aux_loss and shape.aux_loss_coef > 0)
     acts = activation_bytes(shape, c.batch, c.seq, recompute=c.recompute, **kw)
     working = 0
