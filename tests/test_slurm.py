@@ -20,6 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from slurm_cluster import REPO, LocalSlurm, can_run_slurm
@@ -217,6 +218,100 @@ def test_srun_ranks_initialised_by_coursekit_dist(cluster, job_env, tmp_path):
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
         assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(job_env["COURSEKIT_RUN_DIR"])
         assert env["OMP_NUM_THREADS"] == "1"
+
+
+POOL_PROBE = textwrap.dedent('''
+    # A notebook kernel inside an allocation (salloc ... python this): a pool of 2 ranks, then what it left behind.
+    import json, os, subprocess, threading, time
+    import psutil
+    from coursekit.pool import Pool, RankError
+
+    def who():
+        keys = ("SLURM_PROCID", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURMD_NODENAME", "RANK", "WORLD_SIZE",
+                "LOCAL_RANK", "MASTER_ADDR")
+        return {k: os.environ.get(k) for k in keys} | {"pid": os.getpid(), "rank": rank}
+
+    def total():
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        return t.item()
+
+    out = {"job": os.environ["SLURM_JOB_ID"]}
+    pool = Pool(2, timeout=30, start_timeout=60)
+    out["step"], out["engines"], out["allreduce"] = pool.step, pool.run(who), pool.run(total)
+    pool.run("import time; n = 0")
+    threading.Timer(1.0, pool.interrupt).start()  # the notebook's interrupt button, from another thread
+    try:
+        pool.run("while True:\\n    n += 1\\n    time.sleep(0.01)\\n", timeout=15, quiet=True)
+    except RankError as e:
+        out["interrupted"] = sorted(r for r, tb in e.failures.items() if "KeyboardInterrupt" in tb)
+    out["after_interrupt"] = pool.run(total)
+    pool.close()
+    try:  # more tasks than the allocation holds: srun's refusal, at once, and nothing left
+        Pool(5, start_timeout=30)
+    except RuntimeError as e:
+        out["too_many"] = str(e)
+    left = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "COURSEKIT_LAUNCH_ID" in p.environ():  # any pool's process
+                left.append(p.pid)
+        except psutil.Error:
+            pass
+    out["left"] = left
+    out["steps_after_close"] = subprocess.run(["squeue", "-h", "-s", "-j", out["job"], "-o", "%i"],
+                                              capture_output=True, text=True, timeout=30).stdout.split()
+    print("POOL " + json.dumps(out), flush=True)
+''')
+
+
+@pytest.mark.timeout(150)
+def test_a_notebook_pool_inside_an_allocation_runs_its_ranks_as_slurm_tasks(cluster, job_env, tmp_path):
+    """``Pool(2)`` in a kernel inside ``salloc -N 2``: its engines are the two tasks of one srun step (SLURM_PROCID
+    0 and 1, the allocation's job id, one per node, rank = SLURM_PROCID, MASTER_ADDR the first node); they
+    all-reduce, ``interrupt()`` reaches both through Slurm (srun alone would only print a status for SIGINT), and
+    ``close()`` ends the step: no engine process and no step left; a pool of more tasks than the allocation holds
+    fails at once with srun's message. A pool that ignored the allocation would start local engines without
+    SLURM_PROCID."""
+    probe = tmp_path / "pool_probe.py"
+    probe.write_text(POOL_PROBE)
+    t0 = time.monotonic()
+    proc = subprocess.run(["salloc", "--nodes=2", "--ntasks-per-node=1", JOB_TIME, sys.executable, str(probe)],
+                          cwd=tmp_path, env=job_env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    took = time.monotonic() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("POOL ")]
+    assert proc.returncode == 0 and lines, f"salloc {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    out = json.loads(lines[-1][5:])
+    granted = re.search(r"Granted job allocation (\d+)", proc.stderr)
+    assert granted and out["job"] == granted.group(1), proc.stderr
+    engines = out["engines"]
+    assert [e["SLURM_PROCID"] for e in engines] == ["0", "1"], engines  # Slurm tasks, rank r = task r
+    assert [e["RANK"] for e in engines] == ["0", "1"] and {e["WORLD_SIZE"] for e in engines} == {"2"}
+    assert {e["SLURM_JOB_ID"] for e in engines} == {out["job"]}
+    assert {f"{e['SLURM_JOB_ID']}.{e['SLURM_STEP_ID']}" for e in engines} == {out["step"]}
+    assert [e["SLURMD_NODENAME"] for e in engines] == ["node1", "node2"]
+    assert {e["MASTER_ADDR"] for e in engines} == {"node1"} and {e["LOCAL_RANK"] for e in engines} == {"0"}
+    assert out["allreduce"] == [3.0, 3.0] and out["after_interrupt"] == [3.0, 3.0]
+    assert out["interrupted"] == [0, 1], out
+    assert out["left"] == [] and out["steps_after_close"] == [], out
+    assert "More processors requested than permitted" in out.get("too_many", ""), out
+    assert not [e["pid"] for e in engines if psutil.pid_exists(e["pid"])
+                and "ipyparallel" in " ".join(psutil.Process(e["pid"]).cmdline())]
+    print(f"salloc + pool of 2 Slurm tasks + all-reduce + interrupt + close: {took:.1f} s")
+
+
+def test_pool_ranks_follow_slurm_procid():
+    # the engines register in any order: rank r is the task with SLURM_PROCID r, the store on rank 0's node
+    from coursekit.pool.slurm import layout
+
+    infos = [{"procid": p, "ntasks": 3, "localid": p % 2, "job": "7", "step": "1", "node": f"node{1 + p // 2}",
+              "free_port": 1000 + p} for p in (2, 0, 1)]
+    placed = layout(infos, 3)
+    assert placed == {"engines": [1, 2, 0], "local_ranks": [0, 1, 0], "master_addr": "node1", "port": 1000,
+                      "step": "7.1"}
+    with pytest.raises(RuntimeError, match="SLURM_PROCID 0..3"):
+        layout(infos, 4)  # a step of 3 tasks is not a pool of 4
 
 
 @pytest.mark.timeout(60)

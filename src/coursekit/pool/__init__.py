@@ -9,6 +9,10 @@
     pool.interrupt()                                # KeyboardInterrupt in every rank's running cell (state kept)
     pool.restart(); pool.resize(4); pool.close()    # fresh ranks (state gone); another size; stop (also at exit)
 
+Inside a Slurm allocation (``SLURM_JOB_ID`` set, ``salloc -N 2 ...`` then ``coursekit lab``) the ranks are the tasks
+of one ``srun`` step on the allocation's nodes, rank = SLURM_PROCID (``coursekit.pool.slurm``); ``slurm=False``
+keeps them local.
+
 Each rank is an ipyparallel engine (a kernel of its own); ``rank``, ``world_size``, ``device``, ``torch`` and
 ``dist`` (torch.distributed, initialised) are defined in it. A cell's output comes back labelled by rank. An
 exception on any rank raises :class:`RankError` with each failing rank's traceback, the cell's own frames first, and
@@ -41,6 +45,7 @@ import time
 import uuid
 from pathlib import Path
 
+from coursekit.pool import slurm as pool_slurm
 from coursekit.dist import free_port
 from coursekit.launch import LAUNCH_ID_ENV, reap, stamped_env
 from coursekit.profiling import frwrap, hangs  # light: no torch at import
@@ -56,16 +61,17 @@ class RankError(RuntimeError):
         super().__init__(f"the cell failed on rank(s) {ranks}\n{body}")
 
 
-def init_rank(rank: int, world: int, port: int, device: str) -> str:
+def init_rank(rank: int, world: int, port: int, device: str, addr: str = "127.0.0.1",
+              local_rank: int | None = None) -> str:
     """Runs in each engine (``Pool`` calls it): this rank's device and its process group; returns the device."""
     import torch
     import torch.distributed as dist
 
     if device.startswith("cuda"):
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device((rank if local_rank is None else local_rank) % torch.cuda.device_count())
         device = f"cuda:{torch.cuda.current_device()}"
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
     return device
 
 
@@ -82,12 +88,12 @@ def dump_on_request(trigger: str) -> None:
 
 
 _SETUP = """import os
-os.environ.update(RANK=str({rank}), WORLD_SIZE=str({world}))  # the flight recorder's dumps are named by rank
+os.environ.update({env!r})  # RANK, WORLD_SIZE (the flight recorder's dumps are named by rank), ...
 import torch
 import torch.distributed as dist
 from coursekit.pool import dump_on_request as _dump_on_request, init_rank as _init_rank
 rank, world_size = {rank}, {world}
-device = _init_rank(rank, world_size, {port}, {device!r})
+device = _init_rank(rank, world_size, {port}, {device!r}, {addr!r}, {local_rank!r})
 _dump_on_request({trigger!r})
 """
 FR_WAIT_S = 10.0  # how long a hang's diagnosis waits for every rank's dump
@@ -100,14 +106,16 @@ INTERRUPT_WAIT_S = 5.0  # how long an interrupted run waits for every rank's cel
 
 class Pool:
     def __init__(self, n: int = 2, *, timeout: float = 60.0, start_timeout: float = 120.0,
-                 device: str | None = None):
+                 device: str | None = None, slurm: bool | None = None):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got {n!r}")
         self.n, self.timeout, self.start_timeout = n, timeout, start_timeout
         self.device = device or os.environ.get("COURSEKIT_DEVICE") or ("cuda" if _has_cuda() else "cpu")
+        self.slurm = pool_slurm.in_allocation() if slurm is None else slurm  # ranks = tasks of an srun step
+        self.step = None  # that step, JOBID.STEPID
         self._cluster = self._client = None
-        self._start()
         atexit.register(self.close)
+        self._start()
 
     # -- life cycle ------------------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -121,33 +129,60 @@ class Pool:
         # the engines inherit the launch stamp and the flight recorder's settings (gloo records, never writes)
         os.environ.update(stamped_env({LAUNCH_ID_ENV: self._launch_id}), TORCH_FR_BUFFER_SIZE="2000",
                           **{frwrap.DIR_ENV: self._fr})
+        launcher = "SrunEngineSetLauncher" if self.slurm else "LocalEngineSetLauncher"
+        options = pool_slurm.CLUSTER_OPTIONS if self.slurm else {"engines": "local"}
         try:
-            self._cluster = ipp.Cluster(n=self.n, engines="local", log_level=40, controller_args=HEARTBEAT,
-                                        config=Config({"LocalEngineSetLauncher": {"engine_args": NO_NANNY}}))
-            self._client = self._cluster.start_and_connect_sync(activate=False)
+            self._cluster = ipp.Cluster(n=self.n, log_level=40, controller_args=HEARTBEAT, **options,
+                                        engine_timeout=int(self.start_timeout),  # ipyparallel's wait: 60 s
+                                        config=Config({launcher: {"engine_args": NO_NANNY}}))
+            if self.slurm:
+                self._client = pool_slurm.start_and_connect(self._cluster)
+            else:
+                self._client = self._cluster.start_and_connect_sync(activate=False)
             self._client.wait_for_engines(self.n, timeout=self.start_timeout)
+            up = time.monotonic()
+            self._join_group()
+        except BaseException:
+            self.close()  # a pool that did not start leaves nothing behind (an srun step waiting for CPUs, say)
+            raise
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        up = time.monotonic()
+        self._start_s = {"engines up": up - t0, "torch, process group": time.monotonic() - up}  # bench_pool
+
+    def _join_group(self) -> None:
+        """Each engine gets its rank; every rank joins the group at once: the cells' names (rank, device, dist)."""
         ids = sorted(self._client.ids)[: self.n]
+        port, addr, local_ranks = free_port(), "127.0.0.1", list(range(self.n))
+        if self.slurm:  # rank = SLURM_PROCID, the group's store on rank 0's node; signals go to the step
+            infos = self._client[ids].apply_async(pool_slurm.task_info).get(timeout=self.start_timeout)
+            placed = pool_slurm.layout(infos, self.n)
+            ids = [ids[e] for e in placed["engines"]]
+            port, addr, local_ranks = placed["port"], placed["master_addr"], placed["local_ranks"]
+            self.step = placed["step"]
+            for engine_set in self._cluster.engines.values():
+                engine_set.step = self.step
         self._engines = {rank: self._client[e] for rank, e in enumerate(ids)}
         self._view = self._client[ids]
-        port = free_port()  # every rank joins the group at once: the cells' names (rank, device, dist) defined
         trigger = str(Path(self._fr) / "dump-now")
-        setup = {r: v.execute(_SETUP.format(rank=r, world=self.n, port=port, device=self.device, trigger=trigger),
-                              block=False) for r, v in self._engines.items()}
+        setup = {}
+        for r, v in self._engines.items():
+            env = {"RANK": str(r), "WORLD_SIZE": str(self.n)}
+            if self.slurm:
+                env.update(LOCAL_RANK=str(local_ranks[r]), MASTER_ADDR=addr, MASTER_PORT=str(port))
+            setup[r] = v.execute(_SETUP.format(env=env, rank=r, world=self.n, port=port, device=self.device,
+                                               addr=addr, local_rank=local_ranks[r], trigger=trigger), block=False)
         for ar in setup.values():
             ar.get(timeout=self.start_timeout)
         self.devices = {r: d for r, d in zip(self._engines, self._view.pull("device", block=True))}
-        self._start_s = {"engines up": up - t0, "torch, process group": time.monotonic() - up}  # bench_pool
 
     def close(self) -> None:
         """Stop every rank (and the controller); idempotent."""
         if self._cluster is None:
             return
         try:
-            self._client.close()
+            if self._client is not None:
+                self._client.close()
             # a rank's state goes with the pool: SIGKILL spares each engine Python's teardown of torch (~1.5 s)
             self._cluster.signal_engines_sync(signal.SIGKILL)
             self._cluster.stop_cluster_sync()
