@@ -658,3 +658,16 @@ def test_a_prediction_outside_the_checked_runs_says_so():
         L["cp"] > 2 or (L["cp"] > 1 and L["cp_impl"] != "ring"))
     wide_fsdp = L["engine"] == "fsdp2" and L["tp"] == L["pp"] == 1 and L["dp_shard"] * L["dp_replicate"] > 32
     assert any(u.startswith("sharded data parallelism") for u in row["unchecked"]) == wide_fsdp
+
+
+def test_sp_style_sizes_the_column_parallel_inputs_as_torch_or_megatron_keep_them():
+    """--layout sp_style: torch's plan keeps each block input all-gathered (b·s·h), Megatron's its sequence shard:
+    llama3-70b, TP 8 with SP, micro-batch 1 x 8192 tokens, bf16: 2 block inputs x 80 layers, and the LM head's (a
+    column-parallel linear too), x 8192 x 8192 x 2 B x (1 - 1/8) more under torch (17.6 GiB). Unsaid, the flash
+    kernel is sized as Megatron's fused profile."""
+    args = dict(gpus=64, gpus_per_node=8, gpu="H100-80GB", seq=8192, global_batch=256)
+    base = dict(tp=8, dp_shard=8, engine="fsdp2", micro_batch=1, recompute="none")
+    c = {st: evaluate("llama3-70b", dict(base, sp_style=st) if st else base, **args) for st in ("torch", "megatron", "")}
+    assert c["torch"].peak_bytes - c["megatron"].peak_bytes == (2 * 80 + 1) * 8192 * 8192 * 2 * 7 // 8
+    assert c[""].peak_bytes == c["megatron"].peak_bytes
+    assert c["megatron"].prediction.exposed_s["tp"] > c["torch"].prediction.exposed_s["tp"]  # the re-gathers

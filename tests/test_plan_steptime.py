@@ -181,6 +181,10 @@ def test_tensor_parallel_all_reduces_are_exposed_four_per_layer():
     # SP: an all-gather and a reduce-scatter (busbw factor 1/2 each) in place of each all-reduce
     sp = predict(SHAPE, Layout(tp=2, micro_batch=MB, sp=True), cluster(2), seq=SEQ, global_batch=8)
     assert sp.exposed_s["tp"] == pytest.approx(2 * 4 * 2 * call(0.5, 131072, 4), rel=1e-12)
+    # Megatron's SP style gathers each block input (attention, MLP) again in backward: 6 all-gathers, 4 reduce-scatters
+    mega = predict(SHAPE, Layout(tp=2, micro_batch=MB, sp=True, sp_style="megatron"), cluster(2), seq=SEQ,
+                   global_batch=8)
+    assert mega.exposed_s["tp"] == pytest.approx(2 * 4 * (call(0.5, 131072, 6) + call(0.5, 131072, 4)), rel=1e-12)
     # full recompute re-runs the forward's 2 all-reduces per layer: 6 in all
     rc = predict(SHAPE, Layout(tp=2, micro_batch=MB, sp=False, recompute="full"), cluster(2), seq=SEQ, global_batch=8)
     assert rc.exposed_s["tp"] == pytest.approx(2 * 4 * call(1, 131072, 6), rel=1e-12)

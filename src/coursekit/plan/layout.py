@@ -52,6 +52,10 @@ class Layout:
     cp_impl: str = "ring"
     sp: bool = True
     """Sequence parallelism over the TP group (Korthikanti et al. 2022); ignored when tp = 1."""
+    sp_style: str = ""
+    """With sp: '' (as the attention kernel implies: flash is sized as Megatron's fused kernels, eager as torch's
+    plan), torch (the column-parallel linears save the gathered input) or megatron (they save the sequence shard
+    and all-gather it again in backward: 2 more all-gathers per layer)."""
     overlap: str = ""
     """Communication overlapped with compute beyond the engine's defaults ('' : its defaults), names joined by '+',
     ``no-NAME`` to switch one off (``coursekit.plan.overlap``: grad_reduce, param_gather, prefetch, tp)."""
@@ -85,6 +89,8 @@ class Layout:
                                                   or self.recompute_layers < 1):
             raise ValueError(f"layout recompute_layers must be a count >= 1 with recompute=full, got "
                              f"{self.recompute_layers!r} with recompute={self.recompute}")
+        if self.sp_style not in ("", "torch", "megatron"):
+            raise ValueError(f"layout sp_style must be torch or megatron (or empty), got {self.sp_style!r}")
         if self.grad_reduce_dtype not in overlap.GRAD_DTYPES:
             raise ValueError(f"layout grad_reduce_dtype must be one of {', '.join(overlap.GRAD_DTYPES)}, got "
                              f"{self.grad_reduce_dtype!r}")
@@ -138,7 +144,8 @@ class Layout:
                        degrees={k: getattr(self, k) for k in DEGREES if getattr(self, k) > 1},
                        micro_batch=self.micro_batch, recompute=self.recompute,
                        recompute_layers=self.recompute_layers, cp_impl=self.cp_impl,
-                       sp=self.sp and self.tp > 1, **pp, **extra)
+                       sp=self.sp and self.tp > 1, **({"sp_style": self.sp_style} if self.sp_style else {}), **pp,
+                       **extra)
 
     def dims(self) -> ParallelDims:
         return self.spec().dims()

@@ -295,6 +295,7 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd, rc_frac=1.0) 
     heads = shape.heads / tp
     kv_heads = max(1, shape.kv_heads // tp) if shape.kv_heads >= tp else 1
     tp_calls = 4 + (2 * rc_frac if L.recompute == "full" else 0)
+    regather = 2 if sp and L.sp_style == "megatron" else 0  # Megatron's SP gathers each block input again
     tp_payload = L.micro_batch * seq / cp * h * act
     if shape.is_moe:  # attention's all-reduce; the token-split sparse block's output (backward: input grad) gathered
         n = tp_calls // 2  # (under SP the attention's all-gather + reduce-scatter; the block keeps its own tokens)
@@ -304,7 +305,7 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd, rc_frac=1.0) 
         else:
             tp_s = links.time("all_reduce", tp_payload, ("tp",), n) + links.time("all_gather", tp_payload, ("tp",), n)
     elif sp:  # all-gather + reduce-scatter of the same payload instead of each all-reduce
-        tp_s = links.time("all_gather", tp_payload, ("tp",), tp_calls) + links.time(
+        tp_s = links.time("all_gather", tp_payload, ("tp",), tp_calls + regather) + links.time(
             "reduce_scatter", tp_payload, ("tp",), tp_calls)
     else:
         tp_s = links.time("all_reduce", tp_payload, ("tp",), tp_calls)

@@ -57,8 +57,9 @@ class RunSpec:
     cp_impl: str = "ring"
     sp: bool = False
     """Sequence parallelism over the TP group."""
-    sp_style: str = "torch"
-    """With sp: torch's plan, or megatron (the column-parallel linears save the sequence shard)."""
+    sp_style: str | None = None
+    """With sp: torch (torch's plan, the trainer's default), or megatron (the column-parallel linears save the
+    sequence shard); None: unsaid (the calculator follows its kernels: fused is Megatron's)."""
     zero: int | None = None
     """ZeRO stage, for ``strategy deepspeed`` (a zeroK strategy fixes its own)."""
 
@@ -69,7 +70,8 @@ class RunSpec:
         choice("recompute", self.recompute, run.RECOMPUTE)
         choice("pp_schedule", self.pp_schedule, run.PP_SCHEDULES)
         choice("cp_impl", self.cp_impl, run.CP_IMPLS)
-        choice("sp_style", self.sp_style, ("torch", "megatron"))
+        if self.sp_style is not None:
+            choice("sp_style", self.sp_style, ("torch", "megatron"))
         unknown = sorted(set(self.degrees) - set(registry.PARALLELISMS))
         if unknown:
             raise ConfigError(f"unknown parallel degree(s) {', '.join(unknown)}; known: {', '.join(registry.PARALLELISMS)}")
@@ -144,7 +146,7 @@ class RunSpec:
         if self.degree("cp") > 1:
             out += ["--cp-impl", self.cp_impl]
         if self.sp and self.degree("tp") > 1:
-            out += ["--sp"] + (["--sp-style", self.sp_style] if self.sp_style != "torch" else [])
+            out += ["--sp"] + (["--sp-style", self.sp_style] if self.sp_style == "megatron" else [])
         return out
 
     @classmethod
@@ -163,7 +165,7 @@ class RunSpec:
                    recompute=t.recompute, recompute_layers=t.recompute_layers,
                    pp_schedule=opt("PipelineOptions", "pp_schedule", "gpipe"),
                    cp_impl=opt("CPOptions", "cp_impl", "ring"), sp=bool(opt("TPOptions", "sp", False)),
-                   sp_style=opt("TPOptions", "sp_style", "torch"))
+                   sp_style="megatron" if opt("TPOptions", "sp_style", "torch") == "megatron" else None)
 
     def calculator(self) -> dict:
         """The calculator's configuration (``coursekit.memory.TrainConfig`` keywords) of this run: the strategy's
@@ -180,7 +182,7 @@ class RunSpec:
                   sp=self.sp and d["tp"] > 1, cp_impl=self.cp_impl, microbatches=self.grad_accum)
         if self.recompute_layers is not None:
             kw["recompute_layers"] = self.recompute_layers
-        if self.sp and d["tp"] > 1 and self.sp_style != "torch":
+        if self.sp and d["tp"] > 1 and self.sp_style is not None:
             kw["sp_style"] = self.sp_style
         if d["pp"] > 1:  # without a pipeline the plain loop runs one micro-batch at a time, whatever the schedule
             kw.update(pp_schedule=self.pp_schedule, pp_virtual=self.pp_virtual)
