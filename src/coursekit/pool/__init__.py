@@ -88,7 +88,8 @@ def dump_on_request(trigger: str) -> None:
 
 
 _SETUP = """import os
-os.environ.update({env!r})  # RANK, WORLD_SIZE (the flight recorder's dumps are named by rank), ...
+os.environ.update(RANK="{rank}", WORLD_SIZE="{world}", LOCAL_RANK="{local_rank}", MASTER_ADDR={addr!r},
+                  MASTER_PORT="{port}")  # as torchrun's; the flight recorder's dumps are named by rank
 import torch
 import torch.distributed as dist
 from coursekit.pool import dump_on_request as _dump_on_request, init_rank as _init_rank
@@ -155,23 +156,14 @@ class Pool:
         ids = sorted(self._client.ids)[: self.n]
         port, addr, local_ranks = free_port(), "127.0.0.1", list(range(self.n))
         if self.slurm:  # rank = SLURM_PROCID, the group's store on rank 0's node; signals go to the step
-            infos = self._client[ids].apply_async(pool_slurm.task_info).get(timeout=self.start_timeout)
-            placed = pool_slurm.layout(infos, self.n)
-            ids = [ids[e] for e in placed["engines"]]
-            port, addr, local_ranks = placed["port"], placed["master_addr"], placed["local_ranks"]
-            self.step = placed["step"]
-            for engine_set in self._cluster.engines.values():
-                engine_set.step = self.step
+            ids, port, addr, local_ranks, self.step = pool_slurm.place(self._client, self._cluster, ids,
+                                                                         self.start_timeout)
         self._engines = {rank: self._client[e] for rank, e in enumerate(ids)}
         self._view = self._client[ids]
         trigger = str(Path(self._fr) / "dump-now")
-        setup = {}
-        for r, v in self._engines.items():
-            env = {"RANK": str(r), "WORLD_SIZE": str(self.n)}
-            if self.slurm:
-                env.update(LOCAL_RANK=str(local_ranks[r]), MASTER_ADDR=addr, MASTER_PORT=str(port))
-            setup[r] = v.execute(_SETUP.format(env=env, rank=r, world=self.n, port=port, device=self.device,
-                                               addr=addr, local_rank=local_ranks[r], trigger=trigger), block=False)
+        setup = {r: v.execute(_SETUP.format(rank=r, world=self.n, port=port, device=self.device, addr=addr,
+                                            local_rank=local_ranks[r], trigger=trigger), block=False)
+                 for r, v in self._engines.items()}
         for ar in setup.values():
             ar.get(timeout=self.start_timeout)
         self.devices = {r: d for r, d in zip(self._engines, self._view.pull("device", block=True))}

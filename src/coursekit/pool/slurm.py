@@ -97,3 +97,13 @@ def layout(infos: list[dict], n: int) -> dict:
     first = infos[by_rank[0]]
     return {"engines": by_rank, "local_ranks": [infos[e]["localid"] for e in by_rank],
             "master_addr": first["node"], "port": first["free_port"], "step": steps.pop()}
+
+
+def place(client, cluster, ids: list[int], timeout: float):
+    """The engines ``ids`` ordered by rank (SLURM_PROCID), the group's port and address (rank 0's node), each
+    rank's local rank and the step, which the engine sets' signals then go to."""
+    placed = layout(client[ids].apply_async(task_info).get(timeout=timeout), len(ids))
+    for engine_set in cluster.engines.values():
+        engine_set.step = placed["step"]
+    return ([ids[e] for e in placed["engines"]], placed["port"], placed["master_addr"], placed["local_ranks"],
+            placed["step"])
