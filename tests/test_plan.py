@@ -540,8 +540,12 @@ def test_dtensor_op_counts_stated_in_the_model_are_what_torch_runs(dtensor_cost)
     """steptime's DTensor op counts are counted, not fitted: the calibration counts them again on this torch."""
     from coursekit.plan import steptime
 
-    assert dtensor_cost["tp_layer_ops"] == steptime.DTENSOR_OPS_TP_LAYER
-    assert dtensor_cost["tp_sp_layer_ops"] == steptime.DTENSOR_OPS_SP_LAYER
+    from coursekit.plan.calibrate import CALIBRATION_MODEL
+
+    layers, raw = CALIBRATION_MODEL["num_hidden_layers"], dtensor_cost["raw"]
+    outside = steptime.DTENSOR_OPS_OUTSIDE_LAYERS  # the vocab-parallel embedding and head
+    assert raw["tp"]["dtensor_ops"] == layers * steptime.DTENSOR_OPS_TP_LAYER + outside
+    assert raw["tp_sp"]["dtensor_ops"] == layers * steptime.DTENSOR_OPS_SP_LAYER + outside
     assert dtensor_cost["opt_ops_per_dtensor_param"] == steptime.DTENSOR_OPT_OPS
     plain = dtensor_cost["raw"]["plain"]  # the trainer's AdamW (coursekit.parallel.api.adamw): ops per tensor
     assert plain["opt_ops"] // plain["params"] == steptime.OPT_OPS_PER_TENSOR

@@ -78,7 +78,7 @@ def _dtensor_calibration() -> dict:
             model = build_model(CALIBRATION_MODEL, seed=0)
             if sp is not None:
                 tp = TensorParallel.__new__(TensorParallel)  # the plan without a trainer context
-                tp.sp, tp.family = sp, LLAMA  # the calibration model is Llama-shaped
+                tp.sp, tp.megatron, tp.family = sp, False, LLAMA  # the calibration model is Llama-shaped
                 tp.apply_lm(model, mesh, 1, 0)
             opt = adamw(model.parameters(), lr=1e-3)  # the trainer's optimizer (the course's betas, eps, no decay)
 

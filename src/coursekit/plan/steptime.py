@@ -87,6 +87,7 @@ OPT_OPS_PER_TENSOR = 9
 # states; torch's default decay of 0.01 would add the 8th).
 DTENSOR_OPS_TP_LAYER = 94
 DTENSOR_OPS_SP_LAYER = 144
+DTENSOR_OPS_OUTSIDE_LAYERS = 14  # the vocab-parallel embedding and LM head (coursekit.tp.vocab), forward + backward
 DTENSOR_OPT_OPS = 7
 LOSS_PASSES = 6  # fp32 logits: upcast, log-softmax, its backward
 # torch.compile: Inductor fuses each chain of element-wise ops (a norm with its residual add, rotary, the gate's
@@ -334,7 +335,8 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
     # host work beyond the eager per-op cost: DTensor dispatch of TP layers, ZeRO-3's hooks (below)
     host_mb = 0.0
     if tp > 1:
-        host_mb = stage_layers * (DTENSOR_OPS_SP_LAYER if sp else DTENSOR_OPS_TP_LAYER) * hw.dtensor_op_s
+        host_mb = (stage_layers * (DTENSOR_OPS_SP_LAYER if sp else DTENSOR_OPS_TP_LAYER)
+                   + DTENSOR_OPS_OUTSIDE_LAYERS) * hw.dtensor_op_s
     bwd_window = hw.overlap * compute_mb * 2 / 3
     pbytes, gbytes = act, overlap.GRAD_DTYPES[L.grad_reduce_dtype]  # gathers in the compute dtype
     if L.shards_params:
