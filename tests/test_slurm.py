@@ -246,6 +246,8 @@ POOL_PROBE = textwrap.dedent('''
     except RankError as e:
         out["interrupted"] = sorted(r for r, tb in e.failures.items() if "KeyboardInterrupt" in tb)
     out["after_interrupt"] = pool.run(total)
+    pool.restart()  # what a hang's timeout does: a new step, a working group
+    out["restarted"] = [pool.step, pool.run(total), [e["SLURM_PROCID"] for e in pool.run(who)]]
     pool.close()
     try:  # more tasks than the allocation holds: srun's refusal, at once, and nothing left
         Pool(5, start_timeout=30)
@@ -269,10 +271,10 @@ POOL_PROBE = textwrap.dedent('''
 def test_a_notebook_pool_inside_an_allocation_runs_its_ranks_as_slurm_tasks(cluster, job_env, tmp_path):
     """``Pool(2)`` in a kernel inside ``salloc -N 2``: its engines are the two tasks of one srun step (SLURM_PROCID
     0 and 1, the allocation's job id, one per node, rank = SLURM_PROCID, MASTER_ADDR the first node); they
-    all-reduce, ``interrupt()`` reaches both through Slurm (srun alone would only print a status for SIGINT), and
-    ``close()`` ends the step: no engine process and no step left; a pool of more tasks than the allocation holds
-    fails at once with srun's message. A pool that ignored the allocation would start local engines without
-    SLURM_PROCID."""
+    all-reduce, ``interrupt()`` reaches both through Slurm (srun alone would only print a status for SIGINT),
+    ``restart()`` gives a new step, and ``close()`` ends the step: no engine process and no step left; a pool of
+    more tasks than the allocation holds fails at once with srun's message. A pool that ignored the allocation
+    would start local engines without SLURM_PROCID."""
     probe = tmp_path / "pool_probe.py"
     probe.write_text(POOL_PROBE)
     t0 = time.monotonic()
@@ -294,6 +296,7 @@ def test_a_notebook_pool_inside_an_allocation_runs_its_ranks_as_slurm_tasks(clus
     assert {e["MASTER_ADDR"] for e in engines} == {"node1"} and {e["LOCAL_RANK"] for e in engines} == {"0"}
     assert out["allreduce"] == [3.0, 3.0] and out["after_interrupt"] == [3.0, 3.0]
     assert out["interrupted"] == [0, 1], out
+    assert out["restarted"][0] not in (None, out["step"]) and out["restarted"][1:] == [[3.0, 3.0], ["0", "1"]]
     assert out["left"] == [] and out["steps_after_close"] == [], out
     assert "More processors requested than permitted" in out.get("too_many", ""), out
     assert not [e["pid"] for e in engines if psutil.pid_exists(e["pid"])
