@@ -112,3 +112,15 @@ def test_expert_rows_edges_and_a_moe_step_in_16_bits_forward_only():
     assert rows == [9, 9]
     assert plan == [C("all_to_all", 32, 2, 2), C("all_to_all", 7 * 8 * 2, 1, 2), C("all_to_all", 9 * 8 * 2, 2, 2),
                     C("all_to_all", 10 * 8 * 2, 1, 2)]
+
+
+def test_megatron_sequence_parallelism_gathers_the_sequence_again_in_backward():
+    """Megatron's sequence parallelism (Korthikanti et al. 2022, §4.2.2) saves each column-parallel linear's input as
+    the sequence shard and all-gathers it again in backward for the weight gradient: per layer and micro-batch 2 + 2
+    all-gathers and 2 + 2 reduce-scatters as torch's plan, plus those 2 gathers. 3 layers x 2 micro-batches: 36
+    all-gathers and 24 reduce-scatters of 4 tokens x 8 hidden x 2 bytes."""
+    plan = volume.tensor_parallel(3, 4, 8, 2, sequence_parallel=True, micro_batches=2, sp_style="megatron")
+    assert plan == [C("all_gather", 64, 36, 2), C("reduce_scatter", 64, 24, 2)]
+    assert volume.tensor_parallel(3, 4, 8, 2, sequence_parallel=True, micro_batches=2) == [
+        C("all_gather", 64, 24, 2), C("reduce_scatter", 64, 24, 2)]
+    _raises("sp_style must be torch or megatron, got 'nemo'", volume.tensor_parallel, 3, 4, 8, 2, sp_style="nemo")
