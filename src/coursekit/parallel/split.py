@@ -48,10 +48,12 @@ def sum_partial_grads(model: torch.nn.Module) -> None:
     the step. Under FSDP2 each rank sums its local shard: the ranks of the group hold the same shard."""
     from torch.distributed.tensor import DTensor
 
-    for m in model.modules():
-        group = getattr(m, "_coursekit_partial", None)
-        if group is None:
-            continue
+    marked = model.__dict__.get("_coursekit_partial_modules")
+    if marked is None:  # found once: the marks are set while the model is built and never change afterwards
+        marked = [(m, m._coursekit_partial) for m in model.modules()
+                  if getattr(m, "_coursekit_partial", None) is not None]
+        model.__dict__["_coursekit_partial_modules"] = marked
+    for m, group in marked:
         for p in m.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad, group=group)
