@@ -33,7 +33,7 @@ MODULES = {
     "comm.volume": ["tests/test_comm.py", "tests/test_comm_volume_mutants.py"],
     "flops": ["tests/test_memory_flops.py"],
     "spec.dims": ["tests/test_parallel_dims.py"],
-    "spec.runspec": ["tests/test_runspec.py", "tests/test_run_vocabulary.py"],
+    "spec.runspec": ["tests/test_runspec.py", "tests/test_run_vocabulary.py", "tests/test_runspec_mutants.py"],
     "memory.states": ["tests/test_memory_states.py", "tests/test_memory_engines.py"],
     # its measured grids (torch, CPU and meta device) and the CUDA kernels' meta registrations; not the launch test
     "memory.activations": ["tests/test_memory_activations.py", "tests/test_memory_activations_mutants.py",
@@ -118,8 +118,11 @@ MARKED: dict[str, dict[str, str]] = {
         **{f"xǁRunSpecǁtrainer_argv__mutmut_{i}": f"the defaults' filter 'degrees' -> {what}: only adds the degrees "
            "field's default (MISSING: it has a default_factory) to a dict read for seven other fields"
            for i, what in ((4, "'XXdegreesXX'"), (5, "'DEGREES'"))},
-        "xǁRunSpecǁfrom_options__mutmut_83": "bool(opt('TPOptions', 'sp', False)) -> default None: bool(None) is "
+        "xǁRunSpecǁfrom_options__mutmut_87": "bool(opt('TPOptions', 'sp', False)) -> default None: bool(None) is "
                                              "False too",
+        **{f"xǁRunSpecǁfrom_options__mutmut_{i}": f"opt('TPOptions', 'sp_style', 'torch')'s default -> {what}: "
+           "it only meets == 'megatron', False for any other default" for i, what in
+           ((103, "None"), (112, "'XXtorchXX'"), (113, "'TORCH'"))},
         "xǁRunSpecǁcalculator__mutmut_7": "self.batch(dims) -> self.batch(None): batch then builds self.dims() "
                                           "again, the same mesh (a frozen spec; only slower)",
     },
