@@ -675,3 +675,13 @@ def test_sp_style_sizes_the_column_parallel_inputs_as_torch_or_megatron_keep_the
     assert c["torch"].peak_bytes - c["megatron"].peak_bytes == (2 * 80 + 1) * 8192 * 8192 * 2 * 7 // 8
     assert c[""].peak_bytes == c["megatron"].peak_bytes
     assert c["megatron"].prediction.exposed_s["tp"] > c["torch"].prediction.exposed_s["tp"]  # the re-gathers
+
+
+def test_compile_and_fp8_predictions_say_how_far_they_were_checked():
+    args = dict(gpus=8, gpu="H100-80GB", seq=8192, global_batch=16)
+    lay = dict(dp_shard=8, engine="fsdp2", micro_batch=2, recompute="op")
+    plain = evaluate("llama3-8b", lay, **args)
+    both = evaluate("llama3-8b", lay, dtype="fp8", compile=True, **args)
+    assert not any("compile" in u or "fp8" in u for u in plain.unchecked)
+    assert any(u.startswith("torch.compile") for u in both.unchecked) and any(u.startswith("fp8") for u in both.unchecked)
+    assert both.to_dict()["run"] == {"gemm_dtype": "fp8", "compile": True}

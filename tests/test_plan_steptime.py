@@ -355,7 +355,8 @@ def test_json_row_and_per_gpu_rates_of_a_two_gpu_step():
                            "microbatches": 2, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
                            "hfu": p.hfu, "links": {"dp": "nvlink"},
                            # DDP's one overlap (its reducer's buckets behind backward), on by default; fp32 gradients
-                           "overlap": {"grad_reduce": True, "grad_reduce_dtype": "fp32"}}
+                           "overlap": {"grad_reduce": True, "grad_reduce_dtype": "fp32"},
+                           "run": {"gemm_dtype": "bf16", "compile": False}}
     # 16 x 256 tokens per step over 2 GPUs; MFU / HFU: the step's FLOPs over 2 GPUs x 1 TFLOP/s
     assert p.tokens_per_s_per_gpu == pytest.approx(16 * SEQ / p.step_time_s / 2, rel=1e-12)
     assert p.mfu == pytest.approx(flops_per_step(SHAPE, 16, SEQ)["total"] / (p.step_time_s * 2e12), rel=1e-12)

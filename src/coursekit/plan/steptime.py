@@ -132,12 +132,15 @@ class Prediction:
     """Which link each group uses: nvlink or network."""
     overlap: dict = field(default_factory=dict)
     """The overlaps assumed (``coursekit.plan.overlap``: each that applies, on or off) and the gradient dtype."""
+    run: dict = field(default_factory=dict)
+    """The run settings priced: the GEMMs' dtype and torch.compile."""
 
     def to_dict(self) -> dict:
         return {"step_time_s": self.step_time_s, "compute_s": self.compute_s, "bubble_s": self.bubble_s,
                 "exposed_s": dict(self.exposed_s), "optimizer_s": self.optimizer_s, "host_s": self.host_s,
                 "microbatches": self.microbatches, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-                "mfu": self.mfu, "hfu": self.hfu, "links": dict(self.links), "overlap": dict(self.overlap)}
+                "mfu": self.mfu, "hfu": self.hfu, "links": dict(self.links), "overlap": dict(self.overlap),
+                "run": dict(self.run)}
 
 
 # -- building blocks ---------------------------------------------------------------------------------------------------
@@ -235,7 +238,8 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     return Prediction(step_time_s=step, compute_s=m * compute_mb, bubble_s=bubble, exposed_s=exposed,
                       optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
                       mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds,
-                      overlap={**ov, "grad_reduce_dtype": L.grad_reduce_dtype})
+                      overlap={**ov, "grad_reduce_dtype": L.grad_reduce_dtype},
+                      run={"gemm_dtype": gemm_dtype, "compile": compile})
 
 
 def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
