@@ -363,6 +363,34 @@ for _rank in _res:
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ### Live ranks: keep them between cells
+#
+# Every test above starts a fresh torchrun job: seconds of start-up before the first message. A *pool* keeps N ranks
+# and their process group alive across cells (`coursekit.pool`, ipyparallel underneath): start it once (~2 s), then
+# a cell runs on every rank in a fraction of a second, and what a cell defines stays on the ranks for the next one
+# (`pool.magics()` gives a `%%ranks` cell magic). Below: 2 live ranks, an all-reduce, then your `ring_all_reduce`
+# on the same ranks (until you have written it, each rank reports your `NotImplementedError`). The pool closes at
+# the end of the `with` block; leave one open in your own cells while you explore.
+
+# %% nbgrader={"grade": false, "grade_id": "demo_pool", "locked": true, "schema_version": 3, "solution": false}
+from coursekit.pool import Pool, RankError
+
+
+def _ring_on_rank(ring, size):
+    t = torch.arange(float(size)) * (dist.get_rank() + 1)
+    return ring(t)[:3].tolist()
+
+
+with Pool(2) as pool:
+    pool.run("x = torch.ones(3) * (rank + 1)")
+    pool.run("dist.all_reduce(x); print('all_reduce:', x.tolist())")  # x is still there: [3.0, 3.0, 3.0]
+    try:
+        sums = pool.run(_ring_on_rank, ring_all_reduce, 10)
+        print(f"your ring on the pool's 2 ranks: {sums[0]} on rank 0, {sums[1]} on rank 1 (expected [0.0, 3.0, 6.0])")
+    except RankError as e:  # every failing rank's traceback is in e.failures: the last line says what
+        print(f"your ring on the pool's ranks: {e.failures[min(e.failures)].strip().splitlines()[-1].rstrip(': ')}")
+
+# %% [markdown]
 # ## 7. Plot the memory breakdown against sequence length
 #
 # `estimate(model, batch=b, seq=s)` is coursekit's memory calculator (mixed precision, AdamW, one GPU); its
