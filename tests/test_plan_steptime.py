@@ -611,3 +611,37 @@ def test_overlap_options_per_engine_by_hand():
 def test_an_overlap_that_cannot_act_is_refused(layout, needle):
     with pytest.raises(ValueError, match=needle):
         Layout(**layout)
+
+
+def test_fp8_compile_and_per_layer_recompute_by_hand():
+    """One toy GPU with an FP8 peak of 2 TFLOP/s: the linear GEMMs take half their bf16 time and each linear's
+    input, weight (twice: forward and backward) and output gradient pay an amax + cast pass, 5 B per element:
+    q/k/v (1024 x 64 @ 64 x 128) 2·65,536 + 2·8,192 + 131,072, o 2·65,536 + 2·4,096 + 65,536, gate+up 2·65,536 +
+    2·16,384 + 262,144, down 2·131,072 + 2·8,192 + 65,536: 1,253,376 elements, 6.27 µs at 1 TB/s per layer; the LM
+    head and attention stay bf16, and MFU counts against the bf16 peak. torch.compile keeps a third of the
+    element-wise traffic. recompute_layers 1 of the 4 layers re-runs a quarter of full recompute's forward."""
+    hw = replace(TOY, peak_flops={**TOY.peak_flops, "fp8": 2e12})
+    cast = 5 * 1253376 / 1e12
+    fp8 = predict(SHAPE, Layout(micro_batch=MB), cluster(1, hw), seq=SEQ, global_batch=8, dtype="fp8")
+    assert fp8.compute_s == pytest.approx(2 * (4 * (LAYER - 1.5 * G + cast) + HEAD), rel=1e-12)
+    assert fp8.mfu == pytest.approx(flops_per_step(SHAPE, 8, SEQ)["total"] / (fp8.step_time_s * 1e12), rel=1e-12)
+    assert fp8.run == {"gemm_dtype": "fp8", "compile": False}
+    with pytest.raises(ValueError, match="no fp8 peak"):
+        predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, dtype="fp8")
+    comp = predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, compile=True)
+    assert comp.compute_s == pytest.approx(2 * (4 * (LAYER - E + E / 3) + HEAD), rel=1e-12)
+    both = predict(SHAPE, Layout(micro_batch=MB), cluster(1, hw), seq=SEQ, global_batch=8, dtype="fp8", compile=True)
+    assert both.compute_s == pytest.approx(2 * (4 * (LAYER - 1.5 * G - E + E / 3 + cast) + HEAD), rel=1e-12)
+    part = predict(SHAPE, Layout(micro_batch=MB, recompute="full", recompute_layers=1), cluster(1), seq=SEQ,
+                   global_batch=8)
+    assert part.compute_s == pytest.approx(2 * (4 * (LAYER + (G + A + E / 3) / 4) + HEAD), rel=1e-12)
+    plain, full = (flops_per_step(SHAPE, 8, SEQ, recompute=rc)["total"] for rc in ("none", "full"))
+    assert part.hfu == pytest.approx((plain + (full - plain) / 4) / (part.step_time_s * 1e12), rel=1e-12)
+    # 2 layers of each chunk under pp 2 x v 2 (8 layers, 4 chunks of 2): recompute_layers 1 is half of each chunk
+    deep = replace(SHAPE, layers=8)
+    args = dict(seq=SEQ, global_batch=16)
+    half = predict(deep, Layout(pp=2, virtual_stages=2, micro_batch=MB, recompute="full", recompute_layers=1),
+                   cluster(2), **args)
+    none = predict(deep, Layout(pp=2, virtual_stages=2, micro_batch=MB), cluster(2), **args)
+    fullp = predict(deep, Layout(pp=2, virtual_stages=2, micro_batch=MB, recompute="full"), cluster(2), **args)
+    assert half.compute_s - none.compute_s == pytest.approx((fullp.compute_s - none.compute_s) / 2, rel=1e-12)
