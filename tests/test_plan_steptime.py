@@ -455,6 +455,13 @@ def test_moe_under_tp_splits_the_sparse_blocks_tokens():
     q = predict(MOE, Layout(tp=2, dp_replicate=2, ep=2, micro_batch=MB, sp=False), cluster(4), seq=SEQ,
                 global_batch=16)
     assert q.exposed_s["ep"] == pytest.approx(2 * 2 * call(0.5, T / 2 * 2 * 64 * 2, 4), rel=1e-12)
+    # the post-backward TP sum covers this rank's part only: under EP 2 half of the 98,304 expert parameters (the
+    # router's 256 whole); under FSDP2 over dp_shard 2 also half of the router, the expert slices whole (2 ranks
+    # hold each slice: 2 // ep = 1)
+    assert q.exposed_s["tp"] == pytest.approx(2 * 2 * per_layer + call(1, (256 + 49152) * 4 / 3, 6), rel=1e-12)
+    f = predict(MOE, Layout(tp=2, dp_shard=2, engine="fsdp2", ep=2, micro_batch=MB, sp=False), cluster(4), seq=SEQ,
+                global_batch=16)
+    assert f.exposed_s["tp"] == pytest.approx(2 * 2 * per_layer + call(1, (128 + 49152) * 4 / 3, 6), rel=1e-12)
 
 
 def test_expert_parallel_params_reduce_and_shard():
