@@ -72,7 +72,8 @@ class Choice:
     """Algorithm bandwidth, bytes/s (payload bytes / this = the transfer time)."""
 
 
-def _steps(op: str, n: int) -> int:
+def ring_steps(op: str, n: int) -> int:
+    """Steps of a ring over n ranks: 2(n-1) for all-reduce (reduce-scatter, then all-gather), n-1 otherwise."""
     return 2 * (n - 1) if op == "all_reduce" else n - 1
 
 
@@ -85,8 +86,8 @@ def _latency_us(op, algo, proto, n, nodes, link) -> float:
         return lat + 2 * ((ppn - 1) * intra + (nodes.bit_length() - 1) * inter)
     if nodes > 1:
         intra = max(intra, NET_OVERHEAD_US * (3 if proto == "Simple" else 1))
-    inter_steps = 0 if nodes == 1 else _steps(op, nodes)
-    return lat + (_steps(op, n) - inter_steps) * intra + inter_steps * inter
+    inter_steps = 0 if nodes == 1 else ring_steps(op, nodes)
+    return lat + (ring_steps(op, n) - inter_steps) * intra + inter_steps * inter
 
 
 def _bus_bw(algo, proto, busbw_gbs, nodes, arch) -> float:
@@ -120,7 +121,7 @@ def candidates(op: str, nbytes: float, n: int, nodes: int, busbw: float, *, link
             lat = _latency_us(op, algo, proto, n, nodes, link)
             bw = _bus_bw(algo, proto, busbw / 1e9, nodes, arch)
             if algo == "ring":
-                bw *= n / _steps(op, n)
+                bw *= n / ring_steps(op, n)
                 if proto == "Simple" and nodes > 1 and op == "all_reduce" and nbytes / (NCHANNELS * n) >= 64:
                     lat *= RING_PLATEAU
             else:

@@ -16,10 +16,6 @@ from coursekit.comm.volume import busbw_factor
 from coursekit.spec.dims import AXES
 
 
-def _ring_steps(op: str, n: int) -> int:
-    return 2 * (n - 1) if op == "all_reduce" else n - 1
-
-
 class Links:
     """Which link a process group uses, from its place in the mesh (ParallelDims order) and the node size."""
 
@@ -62,24 +58,28 @@ class Links:
         measured = (hw if nodes == 1 else net).collectives.get(op)
         if measured is None and op in nccl.TUNED:
             return calls * self.nccl(op, payload, axes).time_s
-        bw = hw.intra_busbw if nodes == 1 else min(hw.intra_busbw, k * net.busbw)
+        bw = self.busbw(k, nodes)
         wire = payload * busbw_factor(op, n)
         if measured is not None:
             alpha, bw = measured
         elif nodes == 1:
-            alpha = hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, n)
+            alpha = hw.link_latency_s + hw.hop_latency_s * nccl.ring_steps(op, n)
         else:
             lv = 2 if op == "all_reduce" else 1
-            alpha = hw.link_latency_s + hw.hop_latency_s * _ring_steps(op, k) + lv * net.latency_s * math.ceil(
+            alpha = hw.link_latency_s + hw.hop_latency_s * nccl.ring_steps(op, k) + lv * net.latency_s * math.ceil(
                 math.log2(nodes))
         return calls * (alpha + wire / bw)
 
     def nccl(self, op: str, payload: float, axes: tuple) -> nccl.Choice:
         """NCCL's pick (algorithm, protocol, time) for one ``op`` of ``payload`` bytes over the group of ``axes``."""
         n, k, nodes = self.placement(axes)
-        hw, net = self.c.hw, self.c.net
-        bw = hw.intra_busbw if nodes == 1 else min(hw.intra_busbw, k * net.busbw)
-        return nccl.choose(op, payload, n, nodes, bw, link=hw.nccl_link, arch=hw.nccl_arch)
+        hw = self.c.hw
+        return nccl.choose(op, payload, n, nodes, self.busbw(k, nodes), link=hw.nccl_link, arch=hw.nccl_arch)
+
+    def busbw(self, k: int, nodes: int) -> float:
+        """A ring's bus bandwidth: NVLink's inside a node, else min(NVLink, k members per node x the NIC's)."""
+        hw = self.c.hw
+        return hw.intra_busbw if nodes == 1 else min(hw.intra_busbw, k * self.c.net.busbw)
 
     def p2p(self, nbytes: float, axis: str, calls: float = 1) -> float:
         """Point-to-point sends to a neighbour along ``axis`` (pipeline stages, CP ring)."""
