@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from coursekit.spec.run import SP_STYLES
+
 # nccl-tests bus-bandwidth factor, as a function of group size n (doc/PERFORMANCE.md, "Summary").
 _FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -213,7 +215,7 @@ def tensor_parallel(layers: int, tokens: int, hidden: int, tp: int, *, act_bytes
     all-gather it again in backward: 2 more all-gathers per layer (6 with the 4 reduce-scatters).
     """
     _check(hidden, tp, micro_batches)
-    if sp_style not in ("torch", "megatron"):
+    if sp_style not in SP_STYLES:
         raise ValueError(f"sp_style must be torch or megatron, got {sp_style!r}")
     s = tokens * hidden * act_bytes
     k = 4 * layers * micro_batches

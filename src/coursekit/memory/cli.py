@@ -30,6 +30,7 @@ from coursekit.memory.solvers import max_micro_batch, max_seq_len, min_gpus
 from coursekit.memory.engines import REGISTRY as ENGINES
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
 from coursekit.spec import registry
+from coursekit.spec.run import SP_STYLES
 
 SOLVE = ("max-batch", "max-seq", "min-gpus")
 
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-bucket-view", action="store_true", help="DDP gradient_as_bucket_view=False (torch's default)")
     a("--tp", type=int, default=1)
     a("--sp", action="store_true", help="sequence parallelism over the TP group")
-    a("--sp-style", choices=["torch", "megatron"], help="with --sp: torch's plan (the column-parallel linears save "
+    a("--sp-style", choices=list(SP_STYLES), help="with --sp: torch's plan (the column-parallel linears save "
       "the all-gathered input) or megatron (they save the sequence shard); default: as --impl implies")
     a("--pp", type=int, default=1)
     a("--cp", type=int, default=1)

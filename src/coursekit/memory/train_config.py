@@ -9,6 +9,7 @@ from coursekit.memory.gpus import GiB
 from coursekit.memory import engines, pp_order
 from coursekit.memory.states import OFFLOAD, OPTIMIZERS, PRECISIONS
 from coursekit.memory.qlora import TARGETS as LORA_TARGETS
+from coursekit.spec.run import SP_STYLES
 
 PP_SCHEDULES = pp_order.MODELLED
 PP_RUNTIMES = ("torch", "megatron")
@@ -146,7 +147,7 @@ class TrainConfig:
         choice("kernels", self.kernels, KERNELS)
         choice("recompute", self.recompute, RECOMPUTE)
         if self.sp_style is not None:
-            choice("sp_style", self.sp_style, ("torch", "megatron"))
+            choice("sp_style", self.sp_style, SP_STYLES)
         if self.recompute_layers is not None:
             s("recompute_layers", positive_int("recompute_layers", self.recompute_layers))
             if self.recompute != "full":

@@ -15,6 +15,8 @@ import json
 import sys
 
 from coursekit.memory.gpus import GiB
+from coursekit.plan.overlap import GRAD_DTYPES
+from coursekit.plan.steptime import DTYPES
 from coursekit.plan.hardware import hardware, load_overrides, network
 from coursekit.plan.layout import parse_layout
 from coursekit.plan.search import evaluate, explain, pareto, plan
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--network", default="ib-400", help="inter-node network preset: ib-400, ib-200, roce-200, ...")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp8"),
+    p.add_argument("--dtype", default="bf16", choices=DTYPES,
                    help="compute dtype; fp8: the linear layers on FP8 tensor cores (torchao float8), the rest bf16")
     p.add_argument("--compile", action="store_true", help="torch.compile: fused element-wise kernels")
     p.add_argument("--attention", default="sdpa", choices=ATTENTION,
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", default=None, metavar="NAMES", help="communication overlapped beyond each engine's "
                    "defaults, '+'-joined, no-NAME for off: grad_reduce, param_gather (Megatron --overlap-param-gather), "
                    "prefetch, tp (--tp-comm-overlap / async TP); set on every layout it applies to")
-    p.add_argument("--grad-reduce-dtype", default=None, choices=("fp32", "bf16"),
+    p.add_argument("--grad-reduce-dtype", default=None, choices=tuple(GRAD_DTYPES),
                    help="gradients on the wire (default fp32; bf16: Megatron --grad-reduce-in-bf16)")
     return p
 

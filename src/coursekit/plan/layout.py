@@ -89,7 +89,7 @@ class Layout:
                                                   or self.recompute_layers < 1):
             raise ValueError(f"layout recompute_layers must be a count >= 1 with recompute=full, got "
                              f"{self.recompute_layers!r} with recompute={self.recompute}")
-        if self.sp_style not in ("", "torch", "megatron"):
+        if self.sp_style not in ("", *run.SP_STYLES):
             raise ValueError(f"layout sp_style must be torch or megatron (or empty), got {self.sp_style!r}")
         if self.grad_reduce_dtype not in overlap.GRAD_DTYPES:
             raise ValueError(f"layout grad_reduce_dtype must be one of {', '.join(overlap.GRAD_DTYPES)}, got "

@@ -12,6 +12,7 @@ STRATEGIES = tuple(_STRATEGIES)
 PP_SCHEDULES = tuple(_SCHEDULES)
 """Pipeline schedules (``--pp-schedule``)."""
 CP_IMPLS = ("ring", "ulysses")
+SP_STYLES = ("torch", "megatron")  # sequence parallelism: torch's plan, or Megatron-LM's (the linears keep the shard)
 """Context-parallel attention (``--cp-impl``): ring attention or DeepSpeed-Ulysses' all-to-all."""
 ATTENTION = ("sdpa", "eager")
 """Attention implementation as transformers names it (``--attention``)."""

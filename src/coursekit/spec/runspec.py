@@ -71,7 +71,7 @@ class RunSpec:
         choice("pp_schedule", self.pp_schedule, run.PP_SCHEDULES)
         choice("cp_impl", self.cp_impl, run.CP_IMPLS)
         if self.sp_style is not None:
-            choice("sp_style", self.sp_style, ("torch", "megatron"))
+            choice("sp_style", self.sp_style, run.SP_STYLES)
         unknown = sorted(set(self.degrees) - set(registry.PARALLELISMS))
         if unknown:
             raise ConfigError(f"unknown parallel degree(s) {', '.join(unknown)}; known: {', '.join(registry.PARALLELISMS)}")

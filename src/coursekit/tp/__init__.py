@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SP_STYLES = ("torch", "megatron")
+from coursekit.spec.run import SP_STYLES
 
 
 @dataclass(kw_only=True)

@@ -23,8 +23,6 @@ from __future__ import annotations
 import torch
 import torch.distributed._functional_collectives as funcol
 
-STYLES = ("torch", "megatron")
-
 
 class GatherLinears(torch.autograd.Function):
     @staticmethod
