@@ -41,9 +41,6 @@ MODULES = {
                            "tests/test_memory_activations.py::"
                            "test_saved_bytes_per_cp_rank_equal_coursekit_memory_cp_impl"],
     "memory.pp_order": ["tests/test_pp_models.py"],  # its torch reference test too (orders cached: it clears them)
-    # the step-time model worked out by hand (pure Python, ~2 s); tests/test_plan.py's fast tier (searches, CLI
-    # calls: 18 s a run) under each of the module's 942 mutants would take over half an hour
-    "plan.steptime": ["tests/test_plan_steptime.py"],
     "pp.bubble": ["tests/test_pp_models.py", "tests/test_pp.py::test_bubble_theory",  # pure Python, no torch
                   "tests/test_pp.py::test_each_schedules_order_with_equal_stages_replays_its_bubble",
                   "tests/test_pp.py::test_replay_of_an_even_gpipe_timeline_is_the_theory",
@@ -55,12 +52,6 @@ EQUIVALENT = {
     "comm.volume": [
         "left open: fsdp's HSDP all-reduce u // world -> u / world differs only for a unit not divisible by the "
         "world, which FSDP2 always pads (the docstring asks for padded counts) but fsdp does not refuse"],
-    "plan.steptime": [
-        "> 1 -> >= 1 where the degree-1 term costs 0 s anyway (sp, pp, ep, cp, dp_replicate, dp x cp)",
-        "dropping a calls argument of 1 (Links.time's default): loss sync, DDP reduce, ZeRO gather",
-        "kv_heads conditionals and // -> / that agree on every shape the calculator accepts; experts / ep vs //",
-        "left open: _tp_cp_time's 'else 2' (kv heads) survives the tp 4 x cp 2 case, its ring hidden behind "
-        "attention: a case where it is exposed would kill it"],
 }
 # Equivalent mutants, one by one: mutmut's name (without the module's prefix) -> why no input can tell it from the
 # code. Left out of the score's denominator and reported apart; read them with ``mutmut show NAME`` in a --keep copy.
@@ -129,6 +120,17 @@ MARKED: dict[str, dict[str, str]] = {
 }
 
 
+# Further modules, each area's tests and marks in a file of its own (same three tables, merged here)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mutants_memory  # noqa: E402 - bench/ scripts are not a package
+import mutants_plan  # noqa: E402
+
+for _area in (mutants_memory, mutants_plan):
+    for _table, _more in ((MODULES, _area.MODULES), (EQUIVALENT, _area.EQUIVALENT), (MARKED, _area.MARKED)):
+        assert not set(_table) & set(_more), f"{_area.__name__}: module listed twice"
+        _table.update(_more)
+
+
 def _copy(dest: Path) -> None:
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     for f in files:
@@ -171,7 +173,7 @@ def tally(module: str, exit_codes: dict) -> dict:
     return out
 
 
-def score(module: str, tests: list[str], *, keep: bool = False, timeout: float = 3600) -> dict:
+def score(module: str, tests: list[str], *, keep: bool = False, timeout: float = 3600, children: int = 0) -> dict:
     path = "src/coursekit/" + module.replace(".", "/") + ".py"
     work = Path(tempfile.mkdtemp(prefix=f"mutmut-{module}-"))
     try:
@@ -187,7 +189,7 @@ def score(module: str, tests: list[str], *, keep: bool = False, timeout: float =
                "HF_HUB_OFFLINE": "1"}
         mutmut = str(Path(sys.executable).with_name("mutmut"))
         t0 = time.monotonic()
-        r = subprocess.run([mutmut, "run", "--max-children", str(os.cpu_count() or 2)], cwd=work, env=env,
+        r = subprocess.run([mutmut, "run", "--max-children", str(children or os.cpu_count() or 2)], cwd=work, env=env,
                            capture_output=True, text=True, timeout=timeout)
         meta = work / "mutants" / (path + ".meta")
         codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.is_file() else {}
@@ -208,6 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep each copy (to read the survivors with mutmut) and list "
                    "the unmarked survivors")
     p.add_argument("--survivors", action="store_true", help="print the marked equivalent mutants and why, no run")
+    p.add_argument("--children", type=int, default=0, help="mutmut's parallel test runs (default: one per CPU)")
     a = p.parse_args(argv)
     if a.survivors:
         for m in a.modules or MODULES:
@@ -219,14 +222,14 @@ def main(argv=None) -> int:
     unknown = set(a.modules) - set(MODULES)
     if unknown:
         p.error(f"unknown module(s) {sorted(unknown)}; known: {', '.join(MODULES)}")
-    print(f"{'module':<18} {'mutants':>7} {'killed':>7} {'survived':>8} {'not reached':>11} {'equivalent':>10} "
+    print(f"{'module':<24} {'mutants':>7} {'killed':>7} {'survived':>8} {'not reached':>11} {'equivalent':>10} "
           f"{'score':>7} {'s':>6}")
     for m in a.modules or MODULES:
-        r = score(m, MODULES[m], keep=a.keep)
+        r = score(m, MODULES[m], keep=a.keep, children=a.children)
         if "error" in r:
-            print(f"{m:<18} error: {r['error']}")
+            print(f"{m:<24} error: {r['error']}")
             continue
-        print(f"{m:<18} {r['mutants']:>7} {r['killed']:>7} {r['survived']:>8} {r['not_reached']:>11} "
+        print(f"{m:<24} {r['mutants']:>7} {r['killed']:>7} {r['survived']:>8} {r['not_reached']:>11} "
               f"{r['equivalent']:>10} {100 * r['score']:>6.1f}% {r['seconds']:>6.0f}"
               + (f"  (copy: {r['copy']})" if r["copy"] else ""), flush=True)
         for what, names in (("left (unmarked survivors)", r["left"]), ("stale marks", r["stale"])):
