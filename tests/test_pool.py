@@ -65,6 +65,58 @@ def test_an_error_on_one_rank_shows_its_traceback_and_the_pool_stays_usable(pool
     assert "[rank 0] still here 0" in capsys.readouterr().out
 
 
+def test_the_trainer_on_warm_ranks_equals_one_process_job_after_job(pool):
+    """``coursekit train``'s own loop on the pool's group (``live.train``), twice on the same ranks (TP 2, then
+    FSDP2): each equals the single-process run step by step, so a job leaves no state (seeds, groups) that moves
+    the next one, and the ranks' group outlives both (``dist.session`` leaves a group it did not make). A session
+    that tore the group down, or a second job seeded from the first one's RNG, fails it."""
+    from types import SimpleNamespace
+
+    from coursekit.pool import live
+    from parity import COMMON, assert_equal_to_single, baseline
+
+    base = baseline()
+    for layout in (["--strategy", "ddp", "--tp", "2"], ["--strategy", "fsdp2"]):
+        records = pool.run(live.train, [*layout, *COMMON])
+        assert_equal_to_single(SimpleNamespace(results=records), base, nproc=2)
+    assert pool.run(_group_size) == [2, 2]
+
+
+def _group_size():
+    import torch.distributed as dist
+
+    dist.barrier()
+    return dist.get_world_size()
+
+
+def test_a_job_built_in_one_cell_is_stepped_in_the_next(pool):
+    """``live.Job``: the trainer's set-up made in one cell and stepped one cell at a time is the trainer's run: the
+    same losses as the single process, the same Σw² after them, and each FSDP2 rank holds what the calculator
+    says for its shard (the exact per-tensor layout)."""
+    from coursekit.memory import estimate
+    from parity import COMMON, LOSS_ATOL, PARAM_RTOL, STEPS, baseline, losses
+
+    base = baseline()
+    pool.run(f"from coursekit.pool import live\njob = live.Job({['--strategy', 'fsdp2', *COMMON]!r})")
+    stepped = [pool.run(_step_job) for _ in range(STEPS)]  # one "cell" per step: [loss on rank 0, on rank 1]
+    for rank in (0, 1):
+        assert [s[rank] for s in stepped] == pytest.approx(losses(base), abs=LOSS_ATOL), rank
+    for rank, (held, sq) in enumerate(pool.run(_held_job)):
+        assert sq == pytest.approx(base["final"]["param_sq_sum"], rel=PARAM_RTOL)
+        c = estimate("tiny-llama", micro_batch=4, seq=32, dtype="fp32", precision="fp32", strategy="fsdp2",
+                     dp_shard=2, dp_rank=rank).categories
+        assert held == {"params": c["parameters"], "grads": c["gradients"], "optimizer": c["optimizer_states"]}
+    pool.run("job.close(); del job")
+
+
+def _step_job():
+    return job.step()  # noqa: F821 (the rank's namespace: made by the cell above)
+
+
+def _held_job():
+    return job.held(), job.param_sq_sum()  # noqa: F821
+
+
 def test_interrupt_stops_a_cell_looping_on_every_rank_and_the_ranks_stay(pool, capsys):
     """``interrupt()`` (from another thread, as a notebook's interrupt button) stops a cell looping on every rank
     within seconds: each rank raises KeyboardInterrupt inside its loop; the ranks keep their state (not restarted:

@@ -176,7 +176,11 @@ def destroy() -> None:
 
 @contextmanager
 def session(seed: int | None = None, timeout_s: float | None = None):
-    """`with dist.session(seed=0) as info:` — init, seed per rank, always tear down."""
+    """`with dist.session(seed=0) as info:` — init, seed per rank, tear down what it set up.
+
+    A process group that already exists (a notebook pool's ranks, ``coursekit.pool``) is used and left standing:
+    the group belongs to whoever made it, so an entry point run on warm ranks leaves them usable."""
+    owned = not dist.is_initialized()
     info = init(timeout_s=timeout_s)
     if seed is not None:
         seed_all(seed, info.rank)
@@ -184,11 +188,12 @@ def session(seed: int | None = None, timeout_s: float | None = None):
         yield info
     except BaseException:
         # a failing rank leaves without waiting for the others (its launcher stops them); no barrier here
-        if dist.is_initialized():
+        if owned and dist.is_initialized():
             dist.destroy_process_group()
         raise
     # normal exit: everyone arrives before the group goes away, else a fast rank's teardown can strand a peer
-    destroy()
+    if owned:
+        destroy()
 
 
 def _check() -> None:

@@ -218,7 +218,9 @@ class Pool:
         if callable(cell):
             import ipyparallel as ipp
 
-            fn = ipp.interactive(cell)  # its globals are the rank's namespace (rank, dist, ...), wherever defined
+            # the notebook's (or a test's) function sees the rank's names (rank, dist, what earlier cells made);
+            # the library's keeps its own module (coursekit.pool.live.train, a probe's run)
+            fn = cell if cell.__module__.partition(".")[0] == "coursekit" else ipp.interactive(cell)
             pending = {r: v.apply_async(fn, *args) for r, v in self._engines.items()}
         else:
             code = textwrap.dedent(cell)
