@@ -227,3 +227,40 @@ def test_bad_sizes_are_refused():
     for bad in (0, -1, 1.5, "2"):
         with pytest.raises(ValueError, match="whole number of ranks"):
             Pool(bad)
+
+
+def _with_launch_id(launch_id: str) -> list[int]:
+    from coursekit.launch import LAUNCH_ID_ENV
+
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(LAUNCH_ID_ENV) == launch_id:
+                found.append(p.pid)
+        except (OSError, psutil.Error):
+            pass
+    return found
+
+
+def test_a_kernel_killed_without_close_leaves_no_process():
+    """SIGKILL to the process that made a pool (a kernel that crashed or was killed: no atexit, no close): the
+    pool's keeper stops its controller and ranks within seconds. Without it they were re-parented to init and
+    lived on (seen with ipyparallel 9: the controller, its schedulers and the engines)."""
+    import subprocess
+    import sys
+
+    script = ("import time\nfrom coursekit.pool import Pool\np = Pool(1)\nprint(p._launch_id, flush=True)\n"
+              "time.sleep(300)\n")
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        launch_id = kernel.stdout.readline().strip()
+        assert launch_id, "the pool did not start"
+        assert len(_with_launch_id(launch_id)) >= 3  # controller, one rank, the keeper
+    finally:
+        kernel.kill()
+        kernel.wait()
+    deadline = time.monotonic() + 20
+    while _with_launch_id(launch_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _with_launch_id(launch_id) == [], "the pool outlived its kernel"
+

@@ -24,7 +24,7 @@ diagnosis Module 5 teaches (``coursekit.profiling.hangs``: every rank dumps its 
 of its own, so a rank blocked in a collective dumps too; the error says which collective which ranks never reached),
 and the pool is restarted: a rank stuck inside a collective cannot be interrupted, only replaced. Every process
 carries the launch stamp (``coursekit.launch.stamped_env``), so the test suite's orphan guard sees them, and
-``close`` stops what is left.
+``close`` stops what is left; a kernel killed without ``close`` leaves nothing either (``coursekit.pool.watchdog``).
 
 Why ipyparallel (9.x): a maintained project (Jupyter), engines that are real kernels (state across cells, rich
 output), a controller that routes one cell to all engines in milliseconds, per-engine errors (``CompositeError``)
@@ -38,6 +38,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -114,7 +116,7 @@ class Pool:
         self.device = device or os.environ.get("COURSEKIT_DEVICE") or ("cuda" if _has_cuda() else "cpu")
         self.slurm = pool_slurm.in_allocation() if slurm is None else slurm  # ranks = tasks of an srun step
         self.step = None  # that step, JOBID.STEPID
-        self._cluster = self._client = None
+        self._cluster = self._client = self._keeper = None
         atexit.register(self.close)
         self._start()
 
@@ -130,6 +132,10 @@ class Pool:
         # the engines inherit the launch stamp and the flight recorder's settings (gloo records, never writes)
         os.environ.update(stamped_env({LAUNCH_ID_ENV: self._launch_id}), TORCH_FR_BUFFER_SIZE="2000",
                           **{frwrap.DIR_ENV: self._fr})
+        # if this kernel dies without close() (SIGKILL, a crash), its keeper stops the pool's processes
+        self._keeper = subprocess.Popen([sys.executable, "-m", "coursekit.pool.watchdog", self._launch_id,
+                                         str(os.getpid())], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
         launcher = "SrunEngineSetLauncher" if self.slurm else "LocalEngineSetLauncher"
         options = pool_slurm.CLUSTER_OPTIONS if self.slurm else {"engines": "local"}
         try:
@@ -170,17 +176,20 @@ class Pool:
 
     def close(self) -> None:
         """Stop every rank (and the controller); idempotent."""
-        if self._cluster is None:
+        if self._keeper is None:
             return
         try:
             if self._client is not None:
                 self._client.close()
-            # a rank's state goes with the pool: SIGKILL spares each engine Python's teardown of torch (~1.5 s)
-            self._cluster.signal_engines_sync(signal.SIGKILL)
-            self._cluster.stop_cluster_sync()
+            if self._cluster is not None:
+                # a rank's state goes with the pool: SIGKILL spares each engine Python's teardown of torch (~1.5 s)
+                self._cluster.signal_engines_sync(signal.SIGKILL)
+                self._cluster.stop_cluster_sync()
         finally:
             self._cluster = self._client = None
-            reap(self._launch_id)
+            reap(self._launch_id)  # the keeper too
+            self._keeper.wait(timeout=10)
+            self._keeper = None
             shutil.rmtree(self._fr, ignore_errors=True)
 
     def interrupt(self) -> None:
