@@ -284,10 +284,10 @@ def test_a_quiet_launch_in_a_notebook_says_when_each_run_starts_and_ends(monkeyp
     from coursekit import launch as L
 
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
-    assert L._notebook_progress("coursekit.train", [], 2) is None
+    assert L.notebook_progress("coursekit.train", [], 2) is None
     monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
     monkeypatch.setenv("COURSEKIT_PROGRESS", "0")  # under grading (coursekit.course.grading.student_env)
-    assert L._notebook_progress("coursekit.train", [], 2) is None
+    assert L.notebook_progress("coursekit.train", [], 2) is None
     from coursekit.course.grading import student_env
 
     assert student_env()["COURSEKIT_PROGRESS"] == "0"
@@ -297,7 +297,7 @@ def test_a_quiet_launch_in_a_notebook_says_when_each_run_starts_and_ends(monkeyp
     # Lab 1 solution showed launch lines in a graded cell)
     assert sandbox_env(student_env())["COURSEKIT_PROGRESS"] == "0"
     monkeypatch.delenv("COURSEKIT_PROGRESS")
-    say = L._notebook_progress("coursekit.train", ["--model", "m.json", "--strategy", "hsdp", "--dp-replicate", 2,
+    say = L.notebook_progress("coursekit.train", ["--model", "m.json", "--strategy", "hsdp", "--dp-replicate", 2,
                                                    "--quiet"], 4)
     say("done in 12.3 s")
     assert capsys.readouterr().out.splitlines() == [

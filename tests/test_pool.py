@@ -72,14 +72,28 @@ def test_the_trainer_on_warm_ranks_equals_one_process_job_after_job(pool):
     that tore the group down, or a second job seeded from the first one's RNG, fails it."""
     from types import SimpleNamespace
 
-    from coursekit.pool import live
     from parity import COMMON, assert_equal_to_single, baseline
 
     base = baseline()
     for layout in (["--strategy", "ddp", "--tp", "2"], ["--strategy", "fsdp2"]):
-        records = pool.run(live.train, [*layout, *COMMON])
+        records = pool.train(*layout, *COMMON)
         assert_equal_to_single(SimpleNamespace(results=records), base, nproc=2)
     assert pool.run(_group_size) == [2, 2]
+
+
+def test_a_probe_on_warm_ranks_counts_what_the_volume_model_says(pool):
+    """Lab 4's TP probe on the pool (``Pool.probe``), TP 2 without SP: each rank's counted collectives of one
+    forward + backward are coursekit.comm.volume's (4 all-reduces of b·s·h per layer, 2 for the vocab-parallel
+    embedding and head, the logits' all-gather: 11), and each block saves what the calculator predicts (the first
+    also the eager causal mask, b·s·s fp32). The default tier's cover of test_tp's slow "tp" case."""
+    results = pool.probe("coursekit.tp.probe", "--model", "tiny-llama", "--tp", 2, "--seq", 32, "--micro-batch", 2)
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        counted, modelled = sorted(map(tuple, r["counted"])), sorted(map(tuple, r["modelled"]))
+        assert counted == modelled and sum(k for *_, k in counted) == 11, r["rank"]
+        first, *rest = r["saved_per_layer"]
+        assert rest == [r["predicted_per_layer"]] * (r["layers"] - 1)
+        assert first - r["predicted_per_layer"] == 4 * 2 * 32 * 32
 
 
 def _group_size():

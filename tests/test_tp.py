@@ -66,7 +66,7 @@ def test_tp4_with_replicated_kv_heads_on_a_llama_config_equals_single(tmp_path_f
 
 @pytest.mark.parametrize("sp,style", [pytest.param(False, "torch", marks=pytest.mark.slow), (True, "torch"),
                                       pytest.param(True, "megatron", marks=pytest.mark.slow)],
-                         ids=["tp", "tp+sp", "tp+sp-megatron"])  # slow ones: budget (default-tier cover below)
+                         ids=["tp", "tp+sp", "tp+sp-megatron"])  # slow: budget (covered: tp+sp here, tp by test_pool)
 def test_collectives_and_saved_bytes_per_tp_rank_equal_the_models(sp, style, no_orphans):
     """Per layer: 4 all-reduces of b·s·h without SP; 4 all-gathers + 4 reduce-scatters of the same payload with SP
     (plus the stage's 2 boundary all-gathers: entering its first block, the backward gathers the gradient; leaving

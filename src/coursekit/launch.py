@@ -268,7 +268,7 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=full_env, cwd=cwd, text=True, errors="replace", start_new_session=True,
                             preexec_fn=_die_with_parent(os.getpid()))
-    say = _notebook_progress(target, args, nproc) if not stream else None  # a quiet launch in a notebook: 2 lines
+    say = notebook_progress(target, args, nproc) if not stream else None  # a quiet launch in a notebook: 2 lines
     lines, timed_out = _supervise(proc, timeout=timeout, stream=stream, on_line=on_line, diagnose=diagnose,
                                   launch_id=full_env[LAUNCH_ID_ENV])
     elapsed = time.monotonic() - t0
@@ -281,7 +281,7 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _notebook_progress(target: str, args, nproc: int):
+def notebook_progress(target: str, args, nproc: int, *, by: str = "launch", ranks: str = "rank(s)"):
     """In a notebook kernel (ipykernel loaded): print that a quiet launch starts, and return how to say it ended,
     so a cell that launches several jobs shows one line per run as it goes. None elsewhere (tests, CLIs) and under
     grading (``COURSEKIT_PROGRESS=0``, set by ``coursekit.course.grading``: a graded cell's output is the lab's)."""
@@ -291,8 +291,8 @@ def _notebook_progress(target: str, args, nproc: int):
     a = [str(x) for x in args]
     flags = "".join(f" {a[i]} {a[i + 1]}" for i in range(len(a) - 1)
                     if a[i] in ("--strategy", "--tp", "--pp", "--cp", "--ep", "--dp-replicate", "--dp-shard"))
-    print(f"[launch] {what} on {nproc} rank(s){flags} …", flush=True)
-    return lambda text: print(f"[launch] {what}: {text}", flush=True)
+    print(f"[{by}] {what} on {nproc} {ranks}{flags} …", flush=True)
+    return lambda text: print(f"[{by}] {what}: {text}", flush=True)
 
 
 def _torchrun(target: str, is_script: bool, args, *, nproc: int, max_restarts: int, logdir: Path, results_dir: Path,

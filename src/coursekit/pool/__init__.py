@@ -5,6 +5,8 @@
     pool.run("import torch; x = torch.ones(4) * (rank + 1)")       # on every rank; x stays there
     pool.run("dist.all_reduce(x); print(x.tolist())")              # a later cell uses it: [rank 0] [3.0, ...]
     pool.run(fn, *args)                             # fn(*args) on every rank: the list of results, by rank
+    pool.train("--strategy", "fsdp2", "--steps", "2")  # coursekit train on these ranks: every rank's record
+    pool.probe("coursekit.tp.probe", "--tp", "2")      # a lab probe's run(argv) (and coursekit.pool.live.Job)
     pool.magics()                                   # then %%ranks as a cell magic: the cell on every rank
     pool.interrupt()                                # KeyboardInterrupt in every rank's running cell (state kept)
     pool.restart(); pool.resize(4); pool.close()    # fresh ranks (state gone); another size; stop (also at exit)
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -48,8 +49,9 @@ import uuid
 from pathlib import Path
 
 from coursekit.pool import slurm as pool_slurm
+from coursekit.pool.output import Echo, traceback_of, until_done
 from coursekit.dist import free_port
-from coursekit.launch import LAUNCH_ID_ENV, reap, stamped_env
+from coursekit.launch import LAUNCH_ID_ENV, notebook_progress, reap, stamped_env
 from coursekit.profiling import frwrap, hangs  # light: no torch at import
 
 
@@ -234,24 +236,50 @@ class Pool:
         else:
             code = textwrap.dedent(cell)
             pending = {r: v.execute(code, silent=False, block=False) for r, v in self._engines.items()}
-        echo = _Echo(pending, quiet=quiet or callable(cell))
+        echo = Echo(pending, quiet=quiet or callable(cell))
         self._wait(pending, timeout, echo)
         failures, out = {}, {}
         for r, ar in pending.items():
             try:
                 out[r] = ar.get(0)
             except Exception as e:  # noqa: BLE001 (an engine's error, reported per rank below)
-                failures[r] = _traceback_of(e)
+                failures[r] = traceback_of(e)
         if failures:
             raise RankError(failures)
         return [out[r] for r in sorted(out)] if callable(cell) else None
 
+    def train(self, *args, timeout: float | None = None) -> list:
+        """``coursekit train ARGS`` on these ranks (``coursekit.pool.live.train``): every rank's record, by rank, as
+        ``launch("coursekit.train", ARGS, nproc=n).results`` gives it, without the launch. In a notebook, one line
+        when it starts and one when it ends (as a quiet launch)."""
+        return self._job("coursekit.train", "train", [], args, timeout)
+
+    def probe(self, module: str, *args, timeout: float | None = None) -> list:
+        """A course probe's ``run(ARGS)`` on these ranks (e.g. ``coursekit.tp.probe``): every rank's result."""
+        return self._job(module, "probe", [module], args, timeout)
+
+    def _job(self, what: str, entry: str, first: list, args, timeout) -> list:
+        from coursekit.pool import live  # the trainer's imports, on the ranks' side; here only the names
+
+        argv = [str(a) for a in args]
+        say = notebook_progress(what, argv, self.n, by="pool", ranks="warm rank(s)")
+        t0 = time.monotonic()
+        try:
+            out = self.run(getattr(live, entry), *first, argv, timeout=timeout)
+        except BaseException:
+            if say:
+                say(f"failed after {time.monotonic() - t0:.1f} s")
+            raise
+        if say:
+            say(f"done in {time.monotonic() - t0:.1f} s")
+        return out
+
     def _wait(self, pending: dict, timeout: float, echo) -> None:
         try:
-            _until_done(pending, timeout, echo.flush)
+            until_done(pending, timeout, echo.flush)
         except KeyboardInterrupt:  # the notebook's interrupt: every rank's cell gets it too
             self.interrupt()
-            _until_done(pending, INTERRUPT_WAIT_S)  # a rank aborts a cell sent while it stops one: wait for its end
+            until_done(pending, INTERRUPT_WAIT_S)  # a rank aborts a cell sent while it stops one: wait for its end
             raise
         stuck = sorted(r for r, ar in pending.items() if not ar.ready())
         if stuck:
@@ -288,54 +316,6 @@ class Pool:
         if ip is None:
             raise RuntimeError("%%ranks needs an IPython kernel (a notebook)")
         ip.register_magic_function(lambda line, cell: self.run(cell), "cell", "ranks")
-
-
-class _Echo:
-    """Each rank's new output since the last flush, printed line by line with its rank."""
-
-    def __init__(self, pending: dict, quiet: bool):
-        self.pending, self.quiet, self.shown = pending, quiet, {r: 0 for r in pending}
-        self.partial = {r: "" for r in pending}
-
-    def flush(self) -> None:
-        if self.quiet:
-            return
-        for r, ar in self.pending.items():
-            text = _text(ar.stdout) + _text(ar.stderr) if ar.ready() else _text(ar.stdout)
-            new, self.shown[r] = text[self.shown[r]:], len(text)
-            lines = (self.partial[r] + new).split("\n")
-            self.partial[r] = lines.pop()  # a line still being written waits for its end
-            for line in lines:
-                print(f"[rank {r}] {line}", flush=True)
-            if ar.ready() and self.partial[r]:
-                print(f"[rank {r}] {self.partial[r]}", flush=True)
-                self.partial[r] = ""
-
-
-def _until_done(pending: dict, timeout: float, tick=lambda: None) -> None:
-    end = time.monotonic() + timeout
-    while not all(ar.ready() for ar in pending.values()) and time.monotonic() < end:
-        tick()
-        time.sleep(0.05)
-
-
-def _text(x) -> str:
-    return x if isinstance(x, str) else "".join(x or [])
-
-
-def _traceback_of(e: BaseException) -> str:
-    """One engine's error as text: ipyparallel's RemoteError carries the remote traceback."""
-    if getattr(e, "elist", None):  # a CompositeError of one engine: its first (only) error
-        e = e.elist[0]
-        return _strip_ansi(e[2] if len(e) > 2 and e[2] else f"{e[0]}: {e[1]}")
-    tb = getattr(e, "traceback", None)
-    if isinstance(tb, list):
-        tb = "\n".join(tb)
-    return _strip_ansi(tb or f"{type(e).__name__}: {e}")
-
-
-def _strip_ansi(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def _has_cuda() -> bool:
