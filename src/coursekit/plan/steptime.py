@@ -303,7 +303,8 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd, rc_frac=1.0) 
     regather = 2 if sp and L.sp_style == "megatron" else 0  # Megatron's SP gathers each block input again
     tp_payload = L.micro_batch * seq / cp * h * act
     if shape.is_moe:  # attention's all-reduce; the token-split sparse block's output (backward: input grad) gathered
-        n = tp_calls // 2  # (under SP the attention's all-gather + reduce-scatter; the block keeps its own tokens)
+        n = tp_calls / 2  # (under SP the attention's all-gather + reduce-scatter; the block keeps its own tokens;
+        # a partial recompute's share of the forward's pair: 4 + 2 x rc_frac calls, not rounded down)
         if sp:
             tp_s = links.time("all_gather", tp_payload, ("tp",), n) + links.time(
                 "reduce_scatter", tp_payload, ("tp",), n)
