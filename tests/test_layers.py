@@ -9,6 +9,7 @@ cannot hide a back-arrow.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ SRC = ROOT / "src" / "coursekit"
 # Function-local imports of coursekit's own modules (the torch-heavy ones keep `coursekit train --help`, `coursekit memory` and a lab's first
 # import fast). With no cycle left none of them hides a back-arrow; the budget only stops their number growing
 # unnoticed: lower it when you remove some.
-LOCAL_IMPORT_BUDGET = 255  # a ratchet: lower it when imports leave functions (EP apply +1, expert load +2 earlier; -5 session 12, -4 session 13; +1 the resume's expert-slice check, +1 TP's partial-gradient mark, +1 its vocab-parallel embedding: torch kept out of the CLI; session 15: +1 course gradebook (nbgrader's models), -3 plan.cli's own modules at its top)
+LOCAL_IMPORT_BUDGET = 254  # a ratchet: lower it when imports leave functions (session 16: -1 the ZeRO config's check, now in the torch-free zero.rules; EP apply +1, expert load +2 earlier; -5 session 12, -4 session 13; +1 the resume's expert-slice check, +1 TP's partial-gradient mark, +1 its vocab-parallel embedding: torch kept out of the CLI; session 15: +1 course gradebook (nbgrader's models), -3 plan.cli's own modules at its top)
 
 
 def test_import_linter_contracts_are_kept():
@@ -133,3 +134,19 @@ def test_pure_modules_load_without_torch_at_run_time(module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"{module} pulled in {out.stdout.strip()}"
+
+
+def test_coursekit_train_checks_a_run_before_launch_without_torch():
+    """``coursekit train`` refuses a bad run before launching (``coursekit.parallel.validate``: the strategies' torch-free
+    ``rules``, the parallelisms' checks): no torch in the CLI's process (~1 s of every launch on 2 CPU cores)."""
+    runs = [["--strategy", "ddp", "--nproc", "2"], ["--strategy", "zero2", "--nproc", "2"],
+            ["--strategy", "fsdp2", "--nproc", "2", "--reshard-after-forward", "false"],
+            ["--strategy", "hsdp", "--dp-replicate", "2", "--dp-shard", "2"], ["--strategy", "ddp", "--tp", "2"],
+            ["--strategy", "fsdp2", "--cp", "2"], ["--strategy", "single", "--nproc", "1"]]
+    code = ("import sys; from coursekit.train.launcher import plan\n"
+            f"for a in {runs!r}:\n    plan(a + ['--steps', '1'])\n"
+            "print([m for m in ('torch', 'transformers', 'datasets', 'deepspeed') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COURSEKIT_DEVICE": "cpu"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"the checks before launch pulled in {out.stdout.strip()}"

@@ -9,7 +9,7 @@ over ``fsdp`` = dp_shard × cp).
 from __future__ import annotations
 
 from coursekit.cp.options import CPOptions
-from coursekit.parallel.compose import model_parts
+from coursekit.parallel import model_parts
 from coursekit.spec.families import plan_for
 
 

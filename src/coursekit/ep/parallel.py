@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from coursekit.ep import EPOptions
 from coursekit.memory.calculator import resolve_model
-from coursekit.parallel.compose import model_parts
+from coursekit.parallel import model_parts
 from coursekit.spec.families import plan_for
 
 

@@ -30,37 +30,14 @@ import functools
 
 import torch
 
-from coursekit.fsdp import FSDPOptions
-from coursekit.fsdp.strategy import reshard_value
+from coursekit.fsdp import FSDPOptions, rules
+from coursekit.fsdp.rules import reshard_value
 from coursekit.parallel.api import Strategy
 from coursekit.parallel.compose import model_parts
 
 
-
-class FSDP1(Strategy):
-    name = "fsdp1"
-    supports = {"checkpoint": True, "compile": False, "tp": False, "pp": False, "cp": False}
-    why_not = {"compile": "FSDP1's FlatParameter hooks and per-block compile do not compose here; use fsdp2",
-               "tp": "use fsdp2 (DTensor composes with TP)", "pp": "use fsdp2", "cp": "use fsdp2"}
-
-    @classmethod
-    def check(cls, opts, dims) -> None:
-        super().check(opts, dims)
-        from coursekit.dist import device_kind
-
-        if device_kind() == "cpu":
-            raise ValueError("--strategy fsdp1: torch's FullyShardedDataParallel needs a non-CPU accelerator device "
-                             "(it refuses CPU-only runs); use --strategy fsdp2 here (the mapping is in "
-                             "coursekit/fsdp/fsdp1.py)")
-        fo = opts.of(FSDPOptions)
-        if not isinstance(reshard_value(fo.reshard_after_forward), bool):
-            raise ValueError("--strategy fsdp1 takes --reshard-after-forward true (FULL_SHARD) or false "
-                             "(SHARD_GRAD_OP); resharding to N ranks is FSDP2's")
-        if fo.compile_model:
-            raise ValueError("--strategy fsdp1 does not compile (FlatParameter hooks); --compile-model is fsdp2's")
-        if fo.wrap == "pair":
-            raise ValueError("--strategy fsdp1 wraps with transformer_auto_wrap_policy (--wrap block) or not at all "
-                             "(--wrap root); pairs of blocks are FSDP2's")
+class FSDP1(rules.FSDP1, Strategy):
+    """What it supports and its checks before launch (GPU only, FSDP1's flags): ``rules.FSDP1``."""
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -23,41 +23,15 @@ import contextlib
 
 import torch
 
-from coursekit.fsdp import FSDPOptions
+from coursekit.fsdp import FSDPOptions, rules
+from coursekit.fsdp.rules import reshard_value
 from coursekit.parallel import split
 from coursekit.parallel.api import Strategy
 from coursekit.parallel.compose import model_parts
 
 
-
-def reshard_value(text: str):
-    t = str(text).strip().lower()
-    if t in ("true", "false"):
-        return t == "true"
-    try:
-        n = int(t)
-    except ValueError:
-        raise ValueError(f"--reshard-after-forward takes true, false or a number of ranks, got {text!r}") from None
-    if n < 1:
-        raise ValueError(f"--reshard-after-forward {n}: need a positive number of ranks")
-    return n
-
-
-class FSDP2(Strategy):
-    name = "fsdp2"
-
-    @classmethod
-    def check(cls, opts, dims) -> None:
-        super().check(opts, dims)
-        r = reshard_value(opts.of(FSDPOptions).reshard_after_forward)
-        shard = dims.size("fsdp")
-        if not isinstance(r, bool) and (shard % r or r == 1):
-            raise ValueError(f"--reshard-after-forward {r} must divide the {shard} sharding ranks and be > 1")
-        if opts.of(FSDPOptions).prefetch < 0:
-            raise ValueError("--prefetch must be >= 0")
-        if opts.of(FSDPOptions).compile_model and opts.train.compile:
-            raise ValueError("--compile compiles each block before fully_shard, --compile-model the whole model "
-                             "after it: give one")
+class FSDP2(rules.FSDP2, Strategy):
+    """Its checks before launch: ``rules.FSDP2`` (torch-free)."""
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -131,14 +105,8 @@ class FSDP2(Strategy):
         return _restore_sync(self.model)
 
 
-class HSDP(FSDP2):
-    name = "hsdp"
-
-    @classmethod
-    def check(cls, opts, dims) -> None:
-        super().check(opts, dims)
-        if dims.cp > 1:
-            raise ValueError("--strategy hsdp with --cp is not supported; use fsdp2 (it shards over dp_shard x cp)")
+class HSDP(rules.HSDP, FSDP2):
+    """Its checks before launch: ``rules.HSDP`` (no CP)."""
 
     def dp_mesh(self):
         return self.ctx.mesh.root["dp_replicate", "dp_shard"]

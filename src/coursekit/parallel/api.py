@@ -23,8 +23,8 @@ import torch
 from coursekit.measure import state_bytes
 from coursekit.parallel import split
 from coursekit.parallel.loss import cross_entropy
+from coursekit.parallel.rules import Rules
 from coursekit.parallel.validate import router_aux_coef
-from coursekit.spec import registry
 from coursekit.spec.run import ADAMW  # the course's AdamW, everywhere (trainer, ZeRO, Accelerate, measure)
 
 
@@ -77,26 +77,9 @@ class Context:
         return cls(info=info, dims=validate(opts, 1), mesh=None, opts=opts)
 
 
-class Strategy:
-    """The data-parallel flavour of a run; owns the (wrapped) model and the optimizer."""
-
-    name = "base"
-    supports = {"checkpoint": True, "compile": True, "tp": True, "pp": True, "cp": True}
-
-    @classmethod
-    def check(cls, opts, dims) -> None:
-        """Checks that need no process group (run by the CLI before launching): refuse what this strategy
-        cannot do, with one clear message."""
-        run = f"--strategy {opts.parallel.strategy}"
-        asks = {"checkpoint": bool(opts.ckpt.ckpt_dir), "compile": opts.train.compile}
-        for what, wanted in asks.items():
-            if wanted and not cls.supports.get(what, False):
-                raise ValueError(f"{run} does not support {what} ({cls.why_not.get(what, 'not implemented')})")
-        for name in dims.enabled:  # the parallelisms this run switches on: the registry says what composes
-            if name in registry.PARALLELISMS and not registry.composes(cls, opts.parallel.strategy, name):
-                raise ValueError(f"{run} does not support {name} ({cls.why_not.get(name, 'not implemented')})")
-
-    why_not: dict = {}
+class Strategy(Rules):
+    """The data-parallel flavour of a run; owns the (wrapped) model and the optimizer. What it supports and its
+    checks before launch: ``Rules`` (torch-free, so the CLI checks without importing torch)."""
 
     @classmethod
     def wraps_stages(cls, dims) -> bool:

@@ -16,15 +16,11 @@ Each parallelism knows only its own sub-mesh (``ctx.mesh["tp"]``, ...).
 """
 from __future__ import annotations
 
+from coursekit.parallel import model_parts
 from coursekit.parallel.recompute import enable_op_recompute
 from coursekit.spec import registry
 
-
-def model_parts(model) -> list:
-    """The causal LMs a rank holds (torchtitan's ``model_parts``): the model itself, or the LMs of its pipeline
-    stages (a stage module answers ``parts()``)."""
-    parts = getattr(model, "parts", None)
-    return list(parts()) if callable(parts) else [model]
+__all__ = ["model_parts", "parallelize"]
 
 
 def parallelize(model, strategy, ctx):

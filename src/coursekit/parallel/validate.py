@@ -79,7 +79,7 @@ def validate(opts, world_size: int) -> ParallelDims:
         raise ValueError(str(e)) from None
     resolve_batch(t, dims.size("batch"))
     router_aux_coef(opts)
-    registry.get(opts.parallel.strategy).check(opts, dims)
+    registry.rules(opts.parallel.strategy).check(opts, dims)  # torch-free: the CLI checks before launching
     for name in dims.enabled:
         if name in registry.PARALLELISMS:
             registry.parallelism(name).check(opts, dims)

@@ -24,19 +24,22 @@ class Entry:
     zero: int | None = None  # the engine's ZeRO stage this strategy fixes (None: as given, default 0)
     amp: str | None = None  # the model-state precision a 16-bit --dtype means ("fp32": torch autocast)
     unmodelled: str = ""  # why the calculator has no engine for it
+    rules: str = "coursekit.parallel.rules:Rules"  # "module:Class", torch-free: its checks before launch (the
+    # strategy class inherits them)
 
 
 STRATEGIES = {
     "single": Entry("coursekit.ddp.strategy:Single", world="one", engine="ddp", amp="fp32"),
     "ddp": Entry("coursekit.ddp.strategy:DDP", engine="ddp", amp="fp32"),
-    "zero0": Entry("coursekit.zero.strategy:Zero0", engine="deepspeed", zero=0),
-    "zero1": Entry("coursekit.zero.strategy:Zero1", engine="deepspeed", zero=1),
-    "zero2": Entry("coursekit.zero.strategy:Zero2", engine="deepspeed", zero=2),
-    "zero3": Entry("coursekit.zero.strategy:Zero3", engine="deepspeed", zero=3),
-    "deepspeed": Entry("coursekit.zero.strategy:ZeRO", engine="deepspeed"),
-    "fsdp2": Entry("coursekit.fsdp.strategy:FSDP2", flavour="shard", engine="fsdp2"),
-    "hsdp": Entry("coursekit.fsdp.strategy:HSDP", flavour="hybrid", engine="fsdp2"),
-    "fsdp1": Entry("coursekit.fsdp.fsdp1:FSDP1", flavour="shard",
+    "zero0": Entry("coursekit.zero.strategy:Zero0", engine="deepspeed", zero=0, rules="coursekit.zero.rules:Zero0"),
+    "zero1": Entry("coursekit.zero.strategy:Zero1", engine="deepspeed", zero=1, rules="coursekit.zero.rules:Zero1"),
+    "zero2": Entry("coursekit.zero.strategy:Zero2", engine="deepspeed", zero=2, rules="coursekit.zero.rules:Zero2"),
+    "zero3": Entry("coursekit.zero.strategy:Zero3", engine="deepspeed", zero=3, rules="coursekit.zero.rules:Zero3"),
+    "deepspeed": Entry("coursekit.zero.strategy:ZeRO", engine="deepspeed", rules="coursekit.zero.rules:ZeRO"),
+    "fsdp2": Entry("coursekit.fsdp.strategy:FSDP2", flavour="shard", engine="fsdp2",
+                   rules="coursekit.fsdp.rules:FSDP2"),
+    "hsdp": Entry("coursekit.fsdp.strategy:HSDP", flavour="hybrid", engine="fsdp2", rules="coursekit.fsdp.rules:HSDP"),
+    "fsdp1": Entry("coursekit.fsdp.fsdp1:FSDP1", flavour="shard", rules="coursekit.fsdp.rules:FSDP1",
                    unmodelled="FSDP1 flattens each unit's parameters into one padded FlatParameter, a layout the "
                               "calculator does not model; use --strategy fsdp2 (per-parameter sharding)"),
 }
@@ -130,6 +133,12 @@ def _load(target: str):
 def get(name: str):
     """The strategy class for ``name``; a clear error listing the known names otherwise."""
     return _load(entry(name).target)
+
+
+def rules(name: str):
+    """The torch-free class whose ``check(opts, dims)`` refuses what strategy ``name`` cannot run (the strategy class
+    inherits it): the CLI checks a run before launching without importing torch."""
+    return _load(entry(name).rules)
 
 
 def parallelism(name: str):

@@ -38,7 +38,7 @@ its slice of the gradient counts as a partial sum, summed over the TP ranks into
 """
 from __future__ import annotations
 
-from coursekit.parallel.compose import model_parts
+from coursekit.parallel import model_parts
 from coursekit.parallel.validate import router_aux_coef
 from coursekit.spec.families import plan_for
 from coursekit.tp import TPOptions
