@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from coursekit.data import CORPUS, make_dataset, micro_batches
+from coursekit.data import CORPUS, Rows, make_dataset, make_rows, micro_batches
 
 
 @pytest.mark.parametrize("kind", ["synthetic", "text"])
@@ -12,6 +12,20 @@ def test_same_seed_same_data(kind):
     assert a[:]["input_ids"].shape == (32, 16)
     c = make_dataset(kind, seq_len=16, num_samples=32, seed=6)
     assert not torch.equal(a[:]["input_ids"], c[:]["input_ids"])
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "text"])
+def test_the_trainers_rows_are_the_datasets_micro_batches(kind):
+    """The trainer reads ``Rows`` (no ``datasets`` import): the same micro-batches, dtype and all, at every rank."""
+    kw = dict(seq_len=9, num_samples=24, seed=3)
+    ds, rows = make_dataset(kind, **kw), Rows(make_rows(kind, **kw))
+    assert len(rows) == len(ds) == 24
+    for step in range(4):  # step 3 wraps around the 24 samples
+        for r in range(2):
+            a, b = (micro_batches(d, step, micro_batch=2, grad_accum=2, rank=r, world=2) for d in (ds, rows))
+            for x, y in zip(a, b, strict=True):
+                for u, v in zip(x, y, strict=True):
+                    assert u.dtype == v.dtype == torch.int64 and torch.equal(u, v)
 
 
 def test_text_is_byte_windows_of_the_shipped_corpus():
@@ -62,3 +76,5 @@ def test_bad_input():
         make_dataset(seq_len=1)
     with pytest.raises(ValueError, match="byte-level"):
         make_dataset("text", vocab_size=100)
+    with pytest.raises(ValueError, match="unknown data kind"):
+        make_rows("images")

@@ -36,7 +36,7 @@ class Run:
 
 def build_run(info, opts, *, strategy=None, setup: bool = True, ctx=None, model_overrides: dict | None = None) -> Run:
     """Validate ``opts`` for this process group and build everything a step needs (see the module docstring)."""
-    from coursekit.data import VOCAB, make_dataset
+    from coursekit.data import VOCAB, Rows, make_rows
     from coursekit.models import build_model
     from coursekit.parallel.api import Context
     from coursekit.parallel.compose import parallelize
@@ -53,7 +53,7 @@ def build_run(info, opts, *, strategy=None, setup: bool = True, ctx=None, model_
     if setup:
         strat.setup(model)
     # tokens below the model's vocabulary (a config with fewer than the byte vocabulary's 256 ids trains too)
-    ds = make_dataset(t.data, seq_len=t.seq + 1, num_samples=max(256, 4 * t.global_batch), seed=t.seed,
-                      vocab_size=min(VOCAB, vocab))
+    ds = Rows(make_rows(t.data, seq_len=t.seq + 1, num_samples=max(256, 4 * t.global_batch), seed=t.seed,
+                        vocab_size=min(VOCAB, vocab)))  # make_dataset's rows, without importing datasets
     return Run(ctx=ctx, strategy=strat, model=model, num_params=num_params, dataset=ds,
                cut=data_cut(opts, ctx.dims, info.rank))
