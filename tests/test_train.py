@@ -111,3 +111,27 @@ def test_preset_tensor_counts_match_the_real_models():
 
     for name in sorted(PRESETS):
         assert preset(name).num_param_tensors() == len(list(build_model(name, device="meta").parameters())), name
+
+
+def test_the_worker_imports_the_model_it_builds_before_freezing_the_imports():
+    """A worker imports its model's transformers modules ahead (``loop.prepare``: ``models.model_class``, the class
+    ``build_model`` builds), without the collector, then freezes them; bad input is left to the run's checks."""
+    import subprocess
+    import sys
+
+    code = """import sys
+from coursekit.models import build_model, model_class
+from coursekit.options import parse
+from coursekit.train.loop import prepare
+gpt2 = "transformers.models.gpt2.modeling_gpt2"
+prepare(parse(["--model", "no-such-model.json"]))
+assert gpt2 not in sys.modules
+prepare(parse(["--model", "tiny-gpt2"]))
+assert gpt2 in sys.modules
+for name in ("tiny-llama", "tiny-gpt2", "tiny-qwen3", "tiny-mixtral", "tiny-qwen3-moe"):
+    assert type(build_model(name, device="meta")) is model_class(name), name
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok"

@@ -61,6 +61,14 @@ def build_model(model: str | dict, *, attention: str = "sdpa", dtype: torch.dtyp
     return m
 
 
+def model_class(model: str | dict, *, attention: str = "sdpa") -> type:
+    """The transformers class ``build_model(model)`` builds, its modules imported (transformers loads a model's
+    modules lazily, on the first build: a process can import them ahead, e.g. before ``gc.freeze``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config(model, attention=attention))]
+
+
 def count_parameters(model: str | dict | torch.nn.Module) -> int:
     """Exact parameter count (tied weights once); names and paths are built on the meta device."""
     if not isinstance(model, torch.nn.Module):

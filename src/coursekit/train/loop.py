@@ -18,8 +18,19 @@ import os
 import time
 
 from coursekit.memory.calculator import resolve_model
+from coursekit.models import model_class
 from coursekit.parallel.compose import model_parts
 from coursekit.spec.families import plan_for
+
+
+def prepare(opts) -> None:
+    """Import what the run builds from ahead of the run (the model's transformers modules, which transformers loads
+    lazily on the first build): ``coursekit.train.main`` imports without the collector, then freezes the imports.
+    Bad input is left to the run's own checks (after the process group is up, with their messages)."""
+    try:
+        model_class(opts.train.model, attention=opts.train.attention)
+    except (ValueError, KeyError, OSError):
+        pass
 
 
 def run(opts) -> dict:
