@@ -133,3 +133,12 @@ def test_override_files_are_refused_with_their_path_and_the_reason(tmp_path):
         with pytest.raises(ValueError) as e:
             load_overrides(p, hw0, net0)
         assert str(e.value).startswith(want.format(p)), (name, str(e.value))
+
+
+def test_measured_pairs_given_under_gpu_collectives_are_kept_as_pairs(tmp_path):
+    """``gpu.collectives`` (a Hardware field: {op: (latency_s, busbw)}) may be written by hand: only a string is
+    taken as a number (YAML 1.1's 1.0e-5), a pair stays a pair. Catches every value of a mapping field passed
+    through float()."""
+    p = _write(tmp_path, "pairs.yaml", "gpu:\n  collectives:\n    all_reduce: [1.0e-5, 2.0e+11]\n")
+    hw, _ = load_overrides(p, hardware("H100-80GB"), network("ib-400"))
+    assert hw.collectives == {"all_reduce": [1e-5, 2e11]}
