@@ -6,14 +6,101 @@ into bench_mutation's MODULES / EQUIVALENT / MARKED."""
 MODULES: dict[str, list[str]] = {
     # the step-time model worked out by hand (pure Python, ~2 s); tests/test_plan.py's fast tier (searches, CLI
     # calls: 18 s a run) under each of the module's 942 mutants would take over half an hour
-    "plan.steptime": ["tests/test_plan_steptime.py"],
+    "plan.steptime": ["tests/test_plan_steptime.py", "tests/test_plan_steptime_mutants.py"],
+    # pure-Python selections only (no search, no CLI run, no torch): each under ~5 s
+    "plan.links": ["tests/test_comm_nccl.py", "tests/test_plan_steptime.py",
+                   "tests/test_plan.py::test_groups_sit_on_nvlink_or_the_network_by_mesh_order",
+                   "tests/test_plan.py::test_expert_parallel_all_to_alls_sit_inside_a_node_or_cross_it",
+                   "tests/test_plan.py::test_ddps_gradient_all_reduce_hides_behind_backward_derived_by_hand",
+                   "tests/test_plan_links_mutants.py"],
+    "plan.overlap": ["tests/test_plan_steptime.py",
+                     "tests/test_plan.py::test_bad_input_one_message_exit_2", "tests/test_plan_overlap_mutants.py"],
+    "plan.layout": ["tests/test_plan_steptime.py",
+                    "tests/test_plan.py::test_parse_layout_types_values_and_refuses_unknown_keys"],
+    "plan.hardware": ["tests/test_comm_nccl.py", "tests/test_plan_steptime.py",
+                      "tests/test_plan.py::test_presets_cite_sources_and_cover_the_required_gpus",
+                      "tests/test_plan.py::test_alpha_beta_fit_recovers_the_line_and_overrides_load",
+                      "tests/test_plan.py::test_an_ambiguous_gpu_name_is_refused_with_both_names",
+                      "tests/test_plan_hardware_mutants.py"],
 }
 EQUIVALENT: dict[str, list[str]] = {
-    "plan.steptime": [
-        "> 1 -> >= 1 where the degree-1 term costs 0 s anyway (sp, pp, ep, cp, dp_replicate, dp x cp)",
-        "dropping a calls argument of 1 (Links.time's default): loss sync, DDP reduce, ZeRO gather",
-        "kv_heads conditionals and // -> / that agree on every shape the calculator accepts; experts / ep vs //",
-        "left open: _tp_cp_time's 'else 2' (kv heads) survives the tp 4 x cp 2 case, its ring hidden behind "
-        "attention: a case where it is exposed would kill it"],
+    "plan.links": [
+        "left open (a bug, reported, not fixed): _placement's nodes = n // k -> n / k survives because n // k is wrong "
+        "where k does not divide n (FSDP over 12 ranks on 8-GPU nodes: 12 // 8 = 1 node, NVLink, though the group "
+        "spans 2); ceil(n / k) would need NCCL's model (coursekit.comm.nccl: n % nodes == 0) to take uneven nodes"],
+    "plan.hardware": [
+        "left open: _number's `isinstance(current, dict) and isinstance(v, dict)` -> `or` differs only for a "
+        "mapping given to a scalar field or a scalar to a mapping field, which neither version refuses cleanly"],
 }
-MARKED: dict[str, dict[str, str]] = {}
+# reasons shared by several mutants
+_DEG1 = "{} -> >= 1: at degree 1 that group has one rank, where Links.time / Links.p2p return 0 s; {}"
+_KV = ("kv_heads' {}: the planner prices only layouts spec.dims.check_model accepted (search._check, before every "
+       "predict), which refuses kv >= tp with kv % tp != 0; so kv // tp is whole and kv == tp gives 1 either way")
+_SYM = ("the op policy's MLP GEMM {}: gemm_time(M, K, N) is symmetric in K and N (2MKN FLOPs, MK + KN + MN bytes, "
+        "e(K)e(N)), so (t, h, f/tp) and (t, f/tp, h) cost the same")
+_AXES_ALL = ("Links.deg's getattr(layout, a, 1) default {}: Layout has a field for every axis of AXES (pp, "
+             "dp_replicate, dp_shard, cp, tp), so the default is never read")
+_LV = ("the cross-node alpha's lv = 2 for an all-reduce {}: an all-reduce never reaches this branch (unmeasured it is "
+       "priced by NCCL's model, nccl.TUNED; measured, it takes the measured alpha)")
+MARKED: dict[str, dict[str, str]] = {
+    "plan.links": {
+        **{f"xǁLinksǁ__init____mutmut_{i}": _AXES_ALL.format(what) for i, what in ((4, "-> None"), (7, "dropped"),
+                                                                                   (8, "-> 2"))},
+        "xǁLinksǁ_placement__mutmut_23": "ep_rest's host // ep -> host / ep: Layout refuses an ep that does not divide "
+                                        "dp x cp, so the quotient is whole (the same number, as a float)",
+        "xǁLinksǁ_placement__mutmut_40": "k's stride >= g -> False: for stride >= g, g // stride <= 1, so "
+                                        "max(1, min(n, g // stride)) is 1 as well",
+        "xǁLinksǁ_placement__mutmut_43": "k's stride >= g -> stride > g: at stride == g, max(1, min(n, g // g)) is 1 too",
+        **{f"xǁLinksǁtime__mutmut_{i}": f"the alpha-beta branch's ring_steps(op, {w}) -> ring_steps(None, {w}): only "
+           "ops outside nccl.TUNED and unmeasured reach it (all-to-all), for which ring_steps counts n - 1 as for None"
+           for i, w in ((45, "n"), (61, "k"))},
+        **{f"xǁLinksǁtime__mutmut_{i}": _LV.format(what) for i, what in (
+            (50, "-> never"), (52, "-> 3"), (54, "(name misspelt)"), (55, "(name upper-cased)"))},
+    },
+    "plan.hardware": {
+        **{f"x_fit_alpha_beta__mutmut_{i}": f"the slope's {what}: adds 2 x {m} x sum({d}), and that sum is 0 (the "
+           "mean's definition): the same least-squares slope in exact arithmetic, float rounding apart"
+           for i, what, m, d in ((40, "(x - mx) -> (x + mx)", "mx", "y - my"),
+                                 (41, "(y - my) -> (y + my)", "my", "x - mx"))},
+    },
+    "plan.steptime": {
+        "x_predict__mutmut_37": "sp = L.sp and tp >= 1: with tp 1 every use of sp is a no-op (E_H / tp with tp 1, "
+                                "TP collectives over a 1-rank group cost 0, the PP send divides by tp = 1, host DTensor "
+                                "work and the tp overlap need tp > 1)",
+        "x_predict__mutmut_154": _DEG1.format("the PP send's pp > 1", "nothing else is computed"),
+        "x_predict__mutmut_161": "the PP send's divisor (sp or tp > 1) -> True: divides by tp, and when neither holds "
+                                 "tp is 1",
+        "x_predict__mutmut_163": "the PP send's divisor tp > 1 -> tp >= 1: divides by tp, which is then 1",
+        "x_predict__mutmut_206": _DEG1.format("the MoE all-to-all's ep > 1", "exposed_s' 'ep' key has its own ep > 1"),
+        "x_predict__mutmut_235": "bubble's pp > 1 -> True: (pp - 1) / v x mb_time is 0 at pp 1",
+        "x_predict__mutmut_240": "bubble's pp > 1 -> pp >= 1: (pp - 1) / v x mb_time is 0 at pp 1",
+        "x_predict__mutmut_265": "the loss all-reduce's calls argument 1 dropped: Links.time's default is 1",
+        "x_predict__mutmut_312": "hflops' recompute == 'full' and rc_frac < 1 -> or: rc_frac < 1 needs recompute_layers, "
+                                 "which Layout accepts only with recompute full",
+        "x_predict__mutmut_316": "hflops' rc_frac < 1 -> <= 1: at rc_frac 1, mflops + 1 x (hflops - mflops) is hflops "
+                                 "(FLOP counts are whole numbers: exact below 2**53; beyond, one rounding at most)",
+        "x_predict__mutmut_317": "hflops' rc_frac < 1 -> < 2: rc_frac is min(1.0, ...), so as <= 1 (mutmut_316)",
+        "x__moe_tp_reduce__mutmut_3": _DEG1.format("the MoE TP gradient sum's tp > 1", "nothing else is computed"),
+        "x__layer_time__mutmut_10": _KV.format("condition kv >= tp -> True (max(1, kv // tp) is 1 for kv < tp too)"),
+        "x__layer_time__mutmut_16": _KV.format("kv // tp -> kv / tp"),
+        "x__layer_time__mutmut_17": _KV.format("kv >= tp -> kv > tp"),
+        "x__layer_time__mutmut_54": "g_op's initial 0.0 -> 1.0: read only under recompute op, which sets it first",
+        **{f"x__layer_time__mutmut_{i}": _SYM.format(what) for i, what in (
+            (66, "condition n_in == 2 -> False"), (67, "condition n_in == 2 -> True"),
+            (69, "condition n_in == 2 -> != 2"), (70, "condition n_in == 2 -> == 3"))},
+        "x__tp_cp_time__mutmut_1": "rc_frac's default 1.0 -> 2.0: its one caller (predict) always passes rc_frac",
+        "x__tp_cp_time__mutmut_7": _KV.format("condition kv >= tp -> True (max(1, kv // tp) is 1 for kv < tp too)"),
+        "x__tp_cp_time__mutmut_13": _KV.format("kv // tp -> kv / tp"),
+        "x__tp_cp_time__mutmut_14": _KV.format("kv >= tp -> kv > tp"),
+        "x__tp_cp_time__mutmut_138": "cp > 1 -> cp >= 1: at cp 1 the ring's p2p sends 0 calls (cp - 1) and returns 0, "
+                                     "max(0, 0 - a) is 0, Ulysses' all-to-alls over a 1-rank group cost 0",
+        "x__data_parallel__mutmut_99": _DEG1.format("HSDP's replica all-reduce dp_replicate > 1",
+                                                    "nothing else is computed"),
+        "x__data_parallel__mutmut_138": "DDP / ZeRO-1/2's dp x cp > 1 -> >= 1: at 1 every reduce and gather is over a "
+                                        "1-rank group (0 s), max(0, 0 - window) is 0: step_dp stays 0",
+        "x__optimizer_time__mutmut_13": "the expert slices' ep > 1 -> >= 1: at ep 1 they add (ep - 1) x ... = 0",
+        "x__optimizer_time__mutmut_23": "expert params // ep -> / ep: the planner prices only MoE layouts the "
+                                        "calculator accepted (memory.calculator refuses experts % ep), where "
+                                        "experts x params per expert divides by ep",
+    },
+}
