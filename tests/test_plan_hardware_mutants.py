@@ -102,10 +102,11 @@ def test_override_files_in_json_or_yml_with_inter_node_rows(tmp_path):
     (tmp_path / "inter.json").write_text(json.dumps(rows))
     hw0, net0 = hardware("H100-80GB"), network("ib-400")
     j = _write(tmp_path, "o.json", json.dumps({"network": {"latency_s": 5e-6}, "collectives": {"inter": "inter.json"},
-                                               "gpu": {"peak_flops": {"fp8": 2e15}}}))
+                                               "gpu": {"peak_flops": {"fp8": 2e15}, "hbm_bw": 4e12}}))
     hw, net = load_overrides(j, hw0, net0)
     assert net.latency_s == 5e-6 and net.collectives["all_reduce"] == pytest.approx((30e-6, 2e10), rel=1e-9)
     assert hw.peak_flops == {**hw0.peak_flops, "fp8": 2e15} and hw.collectives == hw0.collectives
+    assert hw.hbm_bw == 4e12  # the other fields given beside peak_flops are applied too
     y = _write(tmp_path, "o.yml", "gpu:\n  peak_flops:\n    bf16: 1.0e15\ncollectives:\n  inter: inter.json\n")
     hw, net = load_overrides(y, hw0, net0)
     assert hw.peak_flops["bf16"] == 1e15 and hw.peak_flops["fp32"] == hw0.peak_flops["fp32"]

@@ -67,10 +67,14 @@ def test_nccl_is_asked_with_the_gpus_link_class_generation_and_in_node_bandwidth
     Ampere part on PCIe: no LL128, PCIe step latencies). Catches the link, the arch or the node count dropped."""
     hw = replace(HW, nccl_link="pci", nccl_arch="ampere")
     li = links(Layout(dp_replicate=8), 8, hw=hw)
-    for nbytes in (4096, 64e6):  # latency-bound and bandwidth-bound
+    for nbytes in (4096, 4 << 20, 64e6):  # latency-bound, medium, bandwidth-bound
         want = nccl.choose("all_reduce", nbytes, 8, 1, INTRA, link="pci", arch="ampere")
         assert li.nccl("all_reduce", nbytes, ("dp_replicate",)) == want
         assert li.time("all_reduce", nbytes, ("dp_replicate",), 3) == pytest.approx(3 * want.time_s, rel=1e-12)
+    # NCCL enables LL128 on Ampere only over NVLink: at 4 MiB (where a Hopper part takes LL128) this one takes Simple
+    assert li.nccl("all_reduce", 4 << 20, ("dp_replicate",)).protocol == "Simple"
+    hopper = links(Layout(dp_replicate=8), 8, hw=replace(HW, nccl_link="pci"))
+    assert hopper.nccl("all_reduce", 4 << 20, ("dp_replicate",)).protocol == "LL128"
     # the defaults (NVLink, Hopper) price the small call differently, so the test above tells them apart
     assert nccl.choose("all_reduce", 4096, 8, 1, INTRA).time_s != nccl.choose(
         "all_reduce", 4096, 8, 1, INTRA, link="pci", arch="ampere").time_s
