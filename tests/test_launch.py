@@ -283,9 +283,11 @@ def test_a_quiet_launch_in_a_notebook_says_when_each_run_starts_and_ends(monkeyp
 
     from coursekit import launch as L
 
-    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    import ipykernel.kernelapp  # imported (ipyparallel's client does) but no kernel runs here
+
     assert L.notebook_progress("coursekit.train", [], 2) is None
-    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    kernel = types.SimpleNamespace(IPKernelApp=types.SimpleNamespace(initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "ipykernel.kernelapp", kernel)
     monkeypatch.setenv("COURSEKIT_PROGRESS", "0")  # under grading (coursekit.course.grading.student_env)
     assert L.notebook_progress("coursekit.train", [], 2) is None
     from coursekit.course.grading import student_env

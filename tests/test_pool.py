@@ -131,6 +131,30 @@ def _held_job():
     return job.held(), job.param_sq_sum()  # noqa: F821
 
 
+def test_lab_jobs_on_warm_ranks_deepspeed_sweep_and_a_traced_run(pool, tmp_path):
+    """What Labs 2 and 5 run on their pools: ``run_sweep(..., pool=)`` builds DeepSpeed engines on the warm ranks
+    (ZeRO-1 keeps the fp32 parameters whole, 4Ψ, and half the AdamW states, 8Ψ/2; ZeRO-3 shards the parameters,
+    4Ψ/2: Ψ = 125,248 for tiny-llama, fp32, 2 ranks), and ``labruns.train(..., pool=)`` writes one profiler trace per
+    rank that ``coursekit trace`` reads with every recorded step. A sweep that fell back to a launch would not see
+    the pool's ranks; a profiler that wrote rank 0's trace only would fail the trace count."""
+    from coursekit.profiling import labruns
+    from coursekit.profiling.trace import analyse
+    from coursekit.zero.sweep import run_sweep
+
+    psi = 125_248
+    rows = run_sweep([{"name": "z1", "stage": 1}, {"name": "z3", "stage": 3}], steps=3, seq=32, pool=pool,
+                     per_rank=True)
+    for rank_rows in rows:
+        z1, z3 = rank_rows
+        assert (z1["params_bytes"], z1["optimizer_bytes"]) == (4 * psi, 8 * psi // 2)
+        assert z3["params_bytes"] == 4 * psi // 2
+    records = labruns.train("tiny-llama", ["--strategy", "ddp", "--steps", 3, "--seq", 32, "--global-batch", 4,
+                                           "--profile-dir", tmp_path, "--profile-steps", "1:3"], pool=pool)
+    assert [r["rank"] for r in records] == [0, 1]
+    trace = analyse(tmp_path)  # --profile-steps 1:3 records steps 1 and 2 (as Lab 5's 1:5 records 1-4)
+    assert [(r["rank"], [s["step"] for s in r["steps"]]) for r in trace["ranks"]] == [(0, [1, 2]), (1, [1, 2])]
+
+
 def test_interrupt_stops_a_cell_looping_on_every_rank_and_the_ranks_stay(pool, capsys):
     """``interrupt()`` (from another thread, as a notebook's interrupt button) stops a cell looping on every rank
     within seconds: each rank raises KeyboardInterrupt inside its loop; the ranks keep their state (not restarted:

@@ -39,26 +39,29 @@ from pathlib import Path
 
 from coursekit.course.testing import describe_figure
 from coursekit.course.wire import close
-from coursekit.launch import launch
 from coursekit.models import count_parameters
 from coursekit.memory import deepspeed as layout  # DeepSpeed's exact layout, pure Python
 from coursekit.models import param_numels
+from coursekit.pool import Pool
 from coursekit.zero.ds_config import build_config, save_config
 
 MODEL = "tiny-llama"
 PSI = 125_248  # count_parameters("tiny-llama"): 2 layers, hidden 64, vocabulary 256
 BUDGET_BYTES = 600_000  # section 3
+pool = Pool(2, timeout=280)  # the lab's 2 live ranks (coursekit.pool): every DeepSpeed run below uses them
 
 
 def train_with_config(config: dict, nproc: int = 2, steps: int = 4) -> list:
-    """Run the course trainer with a DeepSpeed config dict; every rank's final record (bytes, losses, ...)."""
+    """Run the course trainer with a DeepSpeed config dict on ``nproc`` live ranks; every rank's final record
+    (bytes, losses, ...)."""
+    if pool.n != nproc:
+        pool.resize(nproc)
     with tempfile.TemporaryDirectory() as d:
         path = save_config(config, Path(d) / "ds.json")
         dtype = "bf16" if config.get("bf16", {}).get("enabled") else "fp32"
-        res = launch("coursekit.train", ["--strategy", "deepspeed", "--ds-config", path, "--model", MODEL, "--steps",
-                                         steps, "--seq", 32, "--global-batch", 8, "--dtype", dtype, "--quiet"],
-                     nproc=nproc, timeout=280, stream=False)
-    return [r["final"] | {"losses": [s["loss"] for s in r["steps"]]} for r in res.results]
+        records = pool.train("--strategy", "deepspeed", "--ds-config", path, "--model", MODEL, "--steps", steps,
+                             "--seq", 32, "--global-batch", 8, "--dtype", dtype, "--quiet")
+    return [r["final"] | {"losses": [s["loss"] for s in r["steps"]]} for r in records]
 
 
 # %% [markdown]
@@ -96,7 +99,7 @@ def zero_bytes(n_params: int, stage: int, world: int, dtype: str = "fp32") -> di
 
 
 # %% [markdown]
-# Now measure. `run_sweep` trains each configuration in one launch on 2 processes and reports, per rank, what the
+# Now measure. `run_sweep` trains each configuration in one job on the lab's 2 ranks and reports, per rank, what the
 # engine holds (read from DeepSpeed's own tensors by `coursekit.zero.held`) and the collectives of one step.
 
 # %% nbgrader={"grade": false, "grade_id": "measure_stages", "locked": true, "schema_version": 3, "solution": false}
@@ -107,7 +110,7 @@ STAGE_POINTS = [{"name": f"zero{s}", "stage": s} for s in range(4)] + [
     {"name": "zero3+offload", "stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "ds_optimizer": False}]
 
 # %% nbgrader={"grade": false, "grade_id": "demo_stages", "locked": true, "schema_version": 3, "solution": false}
-stage_ranks = run_sweep(STAGE_POINTS, nproc=2, steps=4, per_rank=True)  # one list of rows per rank
+stage_ranks = run_sweep(STAGE_POINTS, steps=4, per_rank=True, pool=pool)  # one list of rows per rank
 _keys = ("params", "grads", "master", "optimizer", "fp32_grads")
 print(f"{'config':<15}" + "".join(f"{k:>22}" for k in _keys) + f"{'buckets':>10}{'step ms':>9}")
 for _r in stage_ranks[0]:
@@ -238,8 +241,8 @@ print(f"budget_config: at most {max(_f['accelerator_bytes'] for _f in _runs):,} 
 # %% nbgrader={"grade": true, "grade_id": "budget_config_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests check that your run trains exactly like DDP (same losses, step by step).
 ### BEGIN HIDDEN TESTS
-_ddp = launch("coursekit.train", ["--strategy", "ddp", "--model", MODEL, "--steps", 4, "--seq", 32,
-                                  "--global-batch", 8, "--quiet"], nproc=2, timeout=280, stream=False).results[0]
+_ddp = pool.train("--strategy", "ddp", "--model", MODEL, "--steps", 4, "--seq", 32, "--global-batch", 8,
+                  "--quiet")[0]
 _ddp_losses = [s["loss"] for s in _ddp["steps"]]
 _runs = train_with_config(budget_config())
 for _f in _runs:
@@ -271,7 +274,7 @@ SWEEP_POINTS = [{"name": f"rbs={n}", "stage": 3, "reduce_bucket_size": n} for n 
     {"name": "prefetch=200000", "stage": 3, "prefetch_bucket_size": 200_000}]
 
 # %% nbgrader={"grade": false, "grade_id": "demo_bucket_sweep", "locked": true, "schema_version": 3, "solution": false}
-sweep_rows = run_sweep(SWEEP_POINTS, nproc=2, steps=6)
+sweep_rows = run_sweep(SWEEP_POINTS, steps=6, pool=pool)
 for _r in sweep_rows:
     _ops = ", ".join(f"{k} {v['calls']}x {v['bytes'] / 1e3:.0f} kB" for k, v in _r["ops"].items())
     print(f"{_r['name']:<14} {_r['step_ms']:7.1f} ms  buckets {_r['buffers_bytes']:>9,} B  {_ops}")
@@ -438,3 +441,9 @@ else:
     _ds = accelerate_launch(ACCELERATE_CONFIGS / "deepspeed_zero2.yaml", ["--steps", "3", "--gloo"], nproc=2,
                             cpu=False, env={"DS_ACCELERATOR": "cpu", "COURSEKIT_DEVICE": "cpu"})
 print("accelerate DeepSpeed:", [(r["rank"], r["distributed_type"], r["model_class"], r["zero_stage"]) for r in _ds])
+
+# %% [markdown]
+# The lab's live ranks stop with the notebook's kernel; to free them now:
+
+# %% nbgrader={"grade": false, "grade_id": "close_pool", "locked": true, "schema_version": 3, "solution": false}
+pool.close()

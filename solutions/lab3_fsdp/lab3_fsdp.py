@@ -60,9 +60,9 @@ from coursekit.course.testing import launch_function
 from coursekit.course.wire import close
 from coursekit.fsdp.lab import layout_memory, layout_plans, placements, placements_many, qlora_held, saved_chunks
 from coursekit.fsdp.lab import shape_dict
-from coursekit.launch import launch
 from coursekit.memory import estimate
 from coursekit.models import blocks, build_model
+from coursekit.pool import Pool
 
 MODEL = "tiny-llama"  # 2 layers, hidden 64, 4 heads (2 KV heads of 16), MLP 176, vocabulary 256: 125,248 parameters
 SHAPES = [list(p.shape) for p in build_model(MODEL, device="meta").parameters()]  # in parameters() order
@@ -71,11 +71,24 @@ TINY = {"layers": 2, "hidden": 64, "ffn": 176, "vocab": 256, "heads": 4, "kv_hea
 STEPS, HALF = 4, 2
 
 
-def train(strategy: str, nproc: int, *extra, steps: int = STEPS, global_batch: int = 8) -> list:
-    """Run the course trainer (fp32, seq 32); every rank's record {"rank", "steps": [{"step", "loss"}...], "final"}."""
-    args = ["--strategy", strategy, "--model", MODEL, "--steps", steps, "--seq", 32, "--global-batch", global_batch,
+pool = None  # the lab's live ranks (coursekit.pool): started by the first run, resized to each run's ranks
+
+
+def trainer_args(strategy: str, *extra, steps: int = STEPS, global_batch: int = 8) -> list:
+    """`coursekit train`'s options for this lab's runs: tiny-llama, fp32, seq 32, seed 3."""
+    return ["--strategy", strategy, "--model", MODEL, "--steps", steps, "--seq", 32, "--global-batch", global_batch,
             "--dtype", "fp32", "--quiet", "--seed", 3, *extra]
-    return launch("coursekit.train", args, nproc=nproc, timeout=280, stream=False).results
+
+
+def train(strategy: str, nproc: int, *extra, steps: int = STEPS, global_batch: int = 8) -> list:
+    """Run the course trainer on ``nproc`` live ranks; every rank's record {"rank", "steps": [...], "final"}: what
+    ``launch("coursekit.train", ...)`` returns, without a fresh torchrun job each time."""
+    global pool
+    if pool is None:
+        pool = Pool(nproc, timeout=280)
+    elif pool.n != nproc:
+        pool.resize(nproc)
+    return pool.train(*trainer_args(strategy, *extra, steps=steps, global_batch=global_batch))
 
 
 # %% [markdown]
@@ -139,6 +152,21 @@ for _rec in trained:
     print(f"{_r:<6}{_f['params_bytes']:>12,}{_f['grads_bytes']:>12,}{_f['optimizer_bytes']:>13,}   {_yours} / "
           f"{[_calc['parameters'], _calc['gradients'], _calc['optimizer_states']]}")
 print(f"4Ψ/3 = {4 * 125_248 / 3:,.0f} B: every rank holds more (padding), the last rank's AdamW states less")
+
+# %% [markdown]
+# ### Live ranks: step the sharded model yourself
+#
+# Those 3 ranks are still running (`pool`, a `coursekit.pool.Pool`): a cell can build the trainer's FSDP2 model on
+# them once (`live.Job`: the trainer's own set-up) and step it in later cells, each rank answering for its shard.
+# `down_proj.weight` (64 × 176) is a DTensor sharded on dim 0: ceil(64/3) = 22 rows on ranks 0 and 1, 20 on rank 2.
+
+# %% nbgrader={"grade": false, "grade_id": "demo_live_fsdp", "locked": true, "schema_version": 3, "solution": false}
+pool.run(f"from coursekit.pool import live\njob = live.Job({[str(a) for a in trainer_args('fsdp2', global_batch=6)]})")
+pool.run("""w = job.run.model.model.layers[0].mlp.down_proj.weight
+print(f"{type(w).__name__} {tuple(w.shape)} {w.placements}: this rank's rows {tuple(w.to_local().shape)}")""")
+
+# %% nbgrader={"grade": false, "grade_id": "demo_live_step", "locked": true, "schema_version": 3, "solution": false}
+pool.run("print(f'step {len(job.losses)}: loss {job.step():.4f}, held {job.held()}')")  # run it again: one more step
 
 # %% nbgrader={"grade": true, "grade_id": "shard_by_hand_visible", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert fsdp2_bytes([[6, 2]], 4, 0) == {"params": 16, "grads": 16, "optimizer": 36}  # 2 rows of 2, both states
@@ -509,3 +537,10 @@ if torch.cuda.is_available():
 else:
     print("No GPU here, so not launched: Accelerate would run this config as MULTI_CPU, where it never enables FSDP "
           "(each process would train an unsharded copy). The runs above used fully_shard directly, as it would.")
+
+# %% [markdown]
+# The lab's live ranks stop with the notebook's kernel; to free them now:
+
+# %% nbgrader={"grade": false, "grade_id": "close_pool", "locked": true, "schema_version": 3, "solution": false}
+if pool is not None:
+    pool.close()

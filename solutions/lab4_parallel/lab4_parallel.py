@@ -35,11 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from coursekit.course.wire import close
-from coursekit.launch import launch
+from coursekit.pool import Pool
 
 MODEL = "tiny-llama"  # 2 layers, hidden 64, 4 heads (2 K/V heads), MLP width 176
 NVLINK, IB = 360e9, 45e9  # bus bandwidth per GPU, bytes/s: H100 NVLink, one 400 Gb/s NIC per GPU (sections 5-6)
 ATTN_FLOPS = 400e12  # bf16 attention at ~40 % of an H100's dense peak (section 5)
+pool = Pool(2, timeout=300)  # the lab's 2 live ranks (coursekit.pool): every run below uses them, no fresh job each
 
 
 def full_mlp(x, w_gate, w_up, w_down):
@@ -166,8 +167,8 @@ for _sp in (False, True):
 
 # %% nbgrader={"grade": false, "grade_id": "demo_tp_probe", "locked": true, "schema_version": 3, "solution": false}
 for _sp in (False, True):
-    _r = launch("coursekit.tp.probe", ["--model", MODEL, "--tp", 2, "--seq", 32, "--micro-batch", 2]
-                + (["--sp"] if _sp else []), nproc=2, timeout=240, stream=False).results[0]
+    _r = pool.probe("coursekit.tp.probe", "--model", MODEL, "--tp", 2, "--seq", 32, "--micro-batch", 2,
+                    *(["--sp"] if _sp else []))[0]
     _layer_bytes = 2 * 32 * 64 * 4  # b·s·h fp32: what the blocks' collectives carry
     # less the embedding's and the head input gradient's all-reduces (the same b·s·h)
     _counted = {op: (n, k - 2 * (op == "all_reduce")) for op, n, k in _r["counted"] if n == _layer_bytes}
@@ -180,6 +181,22 @@ for _sp in (False, True):
         _yours = "(not written yet)"
     print(f"sp={_sp}: counted {{op: (bytes, calls)}} {_counted} (+ the embedding's and head's 2 all-reduces and "
           f"{_outside}); yours x 4 {_yours}")
+
+# %% [markdown]
+# The same TP model lives on the lab's 2 ranks if you build it there (`live.Job`: the trainer's set-up, kept across
+# cells): on the TP dimension each column-parallel weight is a DTensor `Shard(dim=0)` (its output features split),
+# each row-parallel one `Shard(dim=1)` (its input features split); the first placement, `Replicate()`, is the data-
+# parallel dimension (1 replica here: DDP's composable `replicate` adds it). A step's loss is the same on both ranks.
+
+# %% nbgrader={"grade": false, "grade_id": "demo_live_tp", "locked": true, "schema_version": 3, "solution": false}
+pool.run(f"""from coursekit.pool import live
+job = live.Job("--strategy ddp --tp 2 --model {MODEL} --seq 32 --global-batch 2 --dtype fp32 --seed 3")
+mlp = job.run.model.model.layers[0].mlp
+for name in ("gate_proj", "down_proj"):
+    w = getattr(mlp, name).weight
+    print(f"{{name}} {{tuple(w.shape)}} {{w.placements}}: this rank holds {{tuple(w.to_local().shape)}}")
+print(f"one step: loss {{job.step():.4f}}")
+job.close()""")
 
 # %% [markdown]
 # ## 3. The pipeline bubble
@@ -243,10 +260,9 @@ Path(pp_model).write_text(json.dumps(to_hf_config_dict(preset(MODEL)) | dict(
 
 
 def bubble_run(kind: str, m: int) -> None:
-    """Run the trainer's pipeline (2 stages, ``m`` micro-batches) on 2 processes; print measured, theory, yours."""
-    res = launch("coursekit.pp.probe", ["--model", pp_model, "--pp", 2, "--grad-accum", m, "--pp-schedule", kind,
-                                        "--steps", 2, "--seq", 128, "--global-batch", 2 * m],
-                 nproc=2, timeout=300, stream=False).results
+    """Run the trainer's pipeline (2 stages, ``m`` micro-batches) on the 2 ranks; print measured, theory, yours."""
+    res = pool.probe("coursekit.pp.probe", "--model", pp_model, "--pp", 2, "--grad-accum", m, "--pp-schedule", kind,
+                     "--steps", 2, "--seq", 128, "--global-batch", 2 * m)
     v = res[0]["v"]
     try:
         yours = f"{bubble_fraction(2, m, v):.3f}"
@@ -427,8 +443,7 @@ assert choose_cp(1, 1024, 8, 8, 64, 2, 1.0, 1e300) == "ring", "a tie goes to the
 # kernels (the ring's tiles are plain matmuls, Ulysses calls torch's flash SDPA) and gloo's latency, not NVLink.
 
 # %% nbgrader={"grade": false, "grade_id": "demo_cp_compare", "locked": true, "schema_version": 3, "solution": false}
-cp_rows = launch("coursekit.cp.compare", ["--seqs", 256, 1024, 2048, "--heads", 4, "--head-dim", 16, "--iters", 2],
-                 nproc=2, timeout=240, stream=False).results[0]
+cp_rows = pool.probe("coursekit.cp.compare", "--seqs", 256, 1024, 2048, "--heads", 4, "--head-dim", 16, "--iters", 2)[0]
 for _r in cp_rows:
     print(f"seq {_r['seq']:>5} {_r['impl']:<8} {_r['ms']:7.1f} ms   sent {_r['sent_bytes'] / 1e3:8.1f} kB "
           f"(model {_r['model_bytes'] / 1e3:8.1f} kB)")
@@ -700,14 +715,12 @@ else:
 # the `E` int64 counts per layer in forward).
 
 # %% nbgrader={"grade": false, "grade_id": "demo_ep", "locked": true, "schema_version": 3, "solution": false}
-from coursekit.launch import launch
 from coursekit.memory import preset
 
 def _ep_demo():
     moe = preset("tiny-qwen3-moe")
-    recs = launch("coursekit.train", ["--strategy", "ddp", "--model", "tiny-qwen3-moe", "--ep", "2", "--steps", "2",
-                                      "--seq", "32", "--global-batch", "8", "--count-step", "--quiet",
-                                      "--router-aux-loss-coef", "0"], nproc=2, timeout=300, stream=False).results
+    recs = pool.train("--strategy", "ddp", "--model", "tiny-qwen3-moe", "--ep", "2", "--steps", "2", "--seq", "32",
+                      "--global-batch", "8", "--count-step", "--quiet", "--router-aux-loss-coef", "0")
     last = [r["steps"][-1]["expert_tokens"] for r in recs]
     for r, rec in enumerate(recs):
         pred = sum(2 * sum(a2a_payloads([c[layer] for c in last], r, moe.hidden, 4)) + 8 * moe.experts
@@ -717,3 +730,10 @@ def _ep_demo():
 
 
 _ep_demo()
+
+
+# %% [markdown]
+# The lab's live ranks stop with the notebook's kernel; to free them now:
+
+# %% nbgrader={"grade": false, "grade_id": "close_pool", "locked": true, "schema_version": 3, "solution": false}
+pool.close()

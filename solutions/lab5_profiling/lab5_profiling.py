@@ -27,8 +27,10 @@
 # Every answer is checked against numbers: `coursekit trace`'s figures, the trainer's records, the diagnosis of
 # `coursekit launch --diagnose`. **Grading** works as in Labs 1-2: write your answers inside the functions; visible
 # tests run here, hidden tests try other inputs when your notebook is graded; only definitions (functions, imports,
-# UPPER_CASE constants) are graded, and they take and return plain data. Seven short jobs run in all, each launched
-# once and kept (`coursekit.profiling.labruns`): running a cell again costs nothing.
+# UPPER_CASE constants) are graded, and they take and return plain data. Seven short jobs run in all, each run
+# once and kept (`coursekit.profiling.labruns`): running a cell again costs nothing. The four traced runs go on the
+# lab's 2 live ranks (`coursekit.pool`); the hang and the killed run are launches of their own (they take a process
+# group down).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false}
 import math
@@ -36,6 +38,7 @@ import statistics
 
 from coursekit.course.wire import close
 from coursekit.flops import flops_per_step
+from coursekit.pool import Pool
 from coursekit.profiling import labruns
 from coursekit.profiling.trace import table
 
@@ -48,6 +51,8 @@ SMALL_BUCKET_MB, ONE_BUCKET_MB = 0.1, 1000  # ~45 buckets per backward, or a sin
 PREFETCH = 2  # FSDP2 gathers the next 2 blocks ahead (section 1's last cells)
 SLOW_RANK, SLOW_MS = 1, 300  # section 4: rank 1 sleeps 300 ms per step (well above a loaded machine's noise)
 KILL_AT_STEP, SAVE_EVERY = 3, 2  # section 5
+pool = Pool(2, timeout=240)  # the lab's 2 live ranks (coursekit.pool): the traced runs of sections 1-2 use them
+labruns.on_ranks(pool)
 
 
 def small_buckets():  # DDP, 0.1 MB buckets, steps 1-4 traced: {"dir", "records", "trace"} (launched once, kept)
@@ -537,3 +542,11 @@ assert resume_check(_W, _recs(_L[:1], 2, range(2, 6)), 3)["identical"] is False,
 # why the test is `==`. Time lost: the recomputed steps plus the restart (`recovery_s`: from the kill to the first
 # resumed step). `coursekit.ft` does without a restart: with torchft the surviving replicas go on after one
 # heartbeat and the restarted one copies its state from a peer (`bench/bench_recovery.py` compares the two).
+
+
+# %% [markdown]
+# The lab's live ranks stop with the notebook's kernel; to free them now:
+
+# %% nbgrader={"grade": false, "grade_id": "close_pool", "locked": true, "schema_version": 3, "solution": false}
+labruns.on_ranks(None)
+pool.close()

@@ -281,11 +281,17 @@ def launch(target: str, args=(), *, nproc: int | None = None, timeout: float | N
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _in_kernel() -> bool:
+    """A notebook kernel runs this process (ipykernel merely imported, as ipyparallel's client does, is not one)."""
+    app = sys.modules.get("ipykernel.kernelapp")
+    return app is not None and app.IPKernelApp.initialized()
+
+
 def notebook_progress(target: str, args, nproc: int, *, by: str = "launch", ranks: str = "rank(s)"):
     """In a notebook kernel (ipykernel loaded): print that a quiet launch starts, and return how to say it ended,
     so a cell that launches several jobs shows one line per run as it goes. None elsewhere (tests, CLIs) and under
     grading (``COURSEKIT_PROGRESS=0``, set by ``coursekit.course.grading``: a graded cell's output is the lab's)."""
-    if "ipykernel" not in sys.modules or os.environ.get("COURSEKIT_PROGRESS") == "0":
+    if not _in_kernel() or os.environ.get("COURSEKIT_PROGRESS") == "0":
         return None
     what = Path(target).name if target.endswith(".py") else target
     a = [str(x) for x in args]

@@ -12,6 +12,7 @@ machinery, no sharding), which understands the 2-D mesh and which the pipeline s
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 from torch.nn.parallel import DistributedDataParallel
 
@@ -49,6 +50,9 @@ class DDP(Strategy):
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
             self.composable = True
+            # replicate's root warns when the model returns a view (under TP the logits are one): an
+            # in-place op on it would skip the pre-backward hook. The loss (parallel.loss) reads it out of place.
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(Replicate", category=UserWarning)
             for m in split.split_modules(model):  # expert slices: averaged over the ranks holding the same slice only
                 replicate(m, mesh=m._coursekit_split.replicas)
             return replicate(model, mesh=mesh)

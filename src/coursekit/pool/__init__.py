@@ -262,7 +262,7 @@ class Pool:
         from coursekit.pool import live  # the trainer's imports, on the ranks' side; here only the names
 
         argv = [str(a) for a in args]
-        say = notebook_progress(what, argv, self.n, by="pool", ranks="warm rank(s)")
+        say = notebook_progress(what, argv, self.n, by="pool", ranks="pool rank(s)")
         t0 = time.monotonic()
         try:
             out = self.run(getattr(live, entry), *first, argv, timeout=timeout)

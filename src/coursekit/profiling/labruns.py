@@ -6,6 +6,7 @@ share them), and their traces, records and flight-recorder dumps turned into pla
     rows = trace_intervals(small["dir"])          # per rank and step: window, compute and comm intervals (µs)
     hang = planted_hang("op")                     # {"diagnosis": coursekit launch --diagnose, "dumps": per rank}
     pair = elastic_pair(MODEL, ...)               # {"whole": records, "resumed": records, "killed": {...}}
+    on_ranks(pool)                                # the traced runs on a notebook's live ranks (coursekit.pool)
 
 Every launch goes through ``coursekit.launch`` (a timeout, no process left behind) with the backend and device of
 the environment. Folders live in one temporary directory removed when the process ends. ``model`` is a preset
@@ -24,6 +25,14 @@ import tempfile
 from pathlib import Path
 
 TIMEOUT_S = 240.0
+_POOL = None  # on_ranks(pool): the runs that can (traced ones) go on a notebook's live ranks
+
+
+def on_ranks(pool) -> None:
+    """Run the traced trainer runs on ``pool`` (a ``coursekit.pool.Pool`` of 2 live ranks) instead of a launch each;
+    ``None``: launch again. The planted hang and the killed run stay launches: they take a process group down."""
+    global _POOL
+    _POOL = pool
 
 
 @functools.cache
@@ -49,10 +58,16 @@ def _model_arg(model) -> str:
     return str(f)
 
 
-def train(model, args, *, nproc: int = 2, max_restarts: int = 0, timeout: float = TIMEOUT_S) -> list[dict]:
-    """Every rank's record ({"rank", "steps", "final"}) of one ``coursekit.train`` run."""
+def train(model, args, *, nproc: int = 2, max_restarts: int = 0, timeout: float = TIMEOUT_S,
+          pool=None) -> list[dict]:
+    """Every rank's record ({"rank", "steps", "final"}) of one ``coursekit.train`` run (on ``pool``'s ranks if
+    given)."""
     from coursekit.launch import launch
 
+    if pool is not None:
+        if pool.n != nproc:
+            pool.resize(nproc)
+        return pool.train("--model", _model_arg(model), "--quiet", *args, timeout=timeout)
     res = launch("coursekit.train", ["--model", _model_arg(model), "--quiet", *map(str, args)], nproc=nproc,
                  timeout=timeout, stream=False, max_restarts=max_restarts)
     return sorted(res.results, key=lambda r: r["rank"])
@@ -79,7 +94,7 @@ def _traced(name: str, model, args: list, steps: int, profile_steps: str, seq: i
 
     d = _folder(name)
     recs = train(model, [*args, "--steps", steps, "--seq", seq, "--global-batch", global_batch, "--profile-dir", d,
-                         "--profile-steps", profile_steps])
+                         "--profile-steps", profile_steps], pool=_POOL)
     return {"dir": str(d), "records": recs, "trace": analyse(d)}
 
 

@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 
 def check_config(config) -> None:
@@ -67,7 +68,7 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
     from pathlib import Path
 
     from coursekit.dist import free_port
-    from coursekit.launch import RESULTS_ENV, STAMP_ENV, kill_tree, launch_stamp
+    from coursekit.launch import RESULTS_ENV, STAMP_ENV, kill_tree, launch_stamp, notebook_progress
     from coursekit.zero.ds_config import CONFIG_DIR
 
     check_config(config)  # refused here, in one line, rather than by every rank after the launch
@@ -83,6 +84,8 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes",
                str(nproc), "--main_process_port", str(free_port()), "-m", "coursekit.zero.accel_train",
                *map(str, args)]
+        say = notebook_progress(f"accelerate launch {config.name}", [], nproc) or (lambda text: None)
+        t0 = time.monotonic()
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, cwd=cwd)
         try:
@@ -90,7 +93,10 @@ def accelerate_launch(config: str, args=(), *, nproc: int = 2, cpu: bool = True,
         except subprocess.TimeoutExpired:
             kill_tree(proc.pid)
             proc.communicate()
+            say(f"timed out after {timeout:.0f} s")
             raise RuntimeError(f"accelerate launch timed out after {timeout:.0f}s; all processes were stopped")
+        say(f"done in {time.monotonic() - t0:.1f} s" if proc.returncode == 0 else
+            f"failed after {time.monotonic() - t0:.1f} s")
         if proc.returncode != 0:
             raise RuntimeError(f"accelerate launch failed (exit {proc.returncode}):\n{out[-3000:]}")
         files = sorted(Path(d).glob("rank-*.json"), key=lambda f: int(f.stem.split("-")[1]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +33,9 @@ def sweep_points(stage: int, **grid) -> list[dict]:
 
 def run_sweep(points: list[dict], *, nproc: int = 2, steps: int = 5, seq: int = 64, global_batch: int = 8,
               model: str = "tiny-llama", timeout: float = 600, stream: bool = False,
-              per_rank: bool = False) -> list:
-    """Run every point on ``nproc`` ranks in one launch; returns rank 0's row per point (see ``_row``), or with
+              per_rank: bool = False, pool=None) -> list:
+    """Run every point on ``nproc`` ranks in one launch (or on a notebook's ``pool`` of live ranks,
+    ``coursekit.pool.Pool``: its size, no launch); returns rank 0's row per point (see ``_row``), or with
     ``per_rank`` one such list per rank (ZeRO-1/2 ranks hold different gradient bytes)."""
     from coursekit.launch import launch
 
@@ -42,10 +44,12 @@ def run_sweep(points: list[dict], *, nproc: int = 2, steps: int = 5, seq: int = 
     with tempfile.TemporaryDirectory(prefix="coursekit-sweep-") as d:
         spec = Path(d) / "points.json"
         spec.write_text(json.dumps(points))
-        res = launch("coursekit.zero.sweep", ["--points", spec, "--steps", steps, "--seq", seq, "--global-batch",
-                                              global_batch, "--model", model], nproc=nproc, timeout=timeout,
-                     stream=stream)
-    return [r["rows"] for r in res.results] if per_rank else res.results[0]["rows"]
+        args = ["--points", spec, "--steps", steps, "--seq", seq, "--global-batch", global_batch, "--model", model]
+        if pool is not None:
+            results = pool.probe("coursekit.zero.sweep", *args, timeout=timeout)
+        else:
+            results = launch("coursekit.zero.sweep", args, nproc=nproc, timeout=timeout, stream=stream).results
+    return [r["rows"] for r in results] if per_rank else results[0]["rows"]
 
 
 def _one(point: dict, a, info) -> dict:
@@ -97,10 +101,9 @@ def _row(point, stage, held, step_s, losses) -> dict:
             "calls": sum(o["calls"] for o in ops.values()), "losses": losses, **{k: held[k] for k in keep}}
 
 
-def main(argv=None) -> int:
-    """Worker: run the points in ``--points`` under an existing launch; every rank reports its rows."""
+def run(argv) -> dict:
+    """Worker: run the points in ``--points`` under an existing launch (or a pool's group); this rank's rows."""
     from coursekit import dist as ckdist
-    from coursekit.launch import report
 
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--points", required=True)
@@ -111,8 +114,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     points = json.loads(Path(a.points).read_text())
     with ckdist.session(seed=0) as info:
-        rows = [_one(pt, a, info) for pt in points]
-    report({"rows": rows})
+        return {"rows": [_one(pt, a, info) for pt in points]}
+
+
+def main(argv=None) -> int:
+    from coursekit.launch import report
+
+    report(run(sys.argv[1:] if argv is None else argv))
     return 0
 
 
