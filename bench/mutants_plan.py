@@ -15,13 +15,18 @@ MODULES: dict[str, list[str]] = {
                    "tests/test_plan_links_mutants.py"],
     "plan.overlap": ["tests/test_plan_steptime.py",
                      "tests/test_plan.py::test_bad_input_one_message_exit_2", "tests/test_plan_overlap_mutants.py"],
-    "plan.layout": ["tests/test_plan_steptime.py",
-                    "tests/test_plan.py::test_parse_layout_types_values_and_refuses_unknown_keys"],
+    "plan.layout": ["tests/test_plan_steptime.py", "tests/test_plan_layout_mutants.py",
+                    "tests/test_plan.py::test_parse_layout_types_values_and_refuses_unknown_keys",
+                    "tests/test_runspec.py::test_the_planner_layout_is_the_same_run",
+                    "tests/test_runspec.py::test_the_planners_layout_takes_the_trainers_names"],
     "plan.hardware": ["tests/test_comm_nccl.py", "tests/test_plan_steptime.py",
                       "tests/test_plan.py::test_presets_cite_sources_and_cover_the_required_gpus",
                       "tests/test_plan.py::test_alpha_beta_fit_recovers_the_line_and_overrides_load",
                       "tests/test_plan.py::test_an_ambiguous_gpu_name_is_refused_with_both_names",
                       "tests/test_plan_hardware_mutants.py"],
+    # tests/test_plan.py without its measured CPU runs (torch launches), subprocess calls and its slowest searches
+    "plan.search": ["tests/test_plan_search_mutants.py", "tests/test_plan.py", "-k", "not cpu_ and not imports_no_torch and not registered_command and "
+                    "not 3072 and not overlap_and_gradient_dtype and not plot_marks"],
 }
 EQUIVALENT: dict[str, list[str]] = {
     "plan.links": [
@@ -56,6 +61,10 @@ MARKED: dict[str, dict[str, str]] = {
            for i, w in ((45, "n"), (61, "k"))},
         **{f"xǁLinksǁtime__mutmut_{i}": _LV.format(what) for i, what in (
             (50, "-> never"), (52, "-> 3"), (54, "(name misspelt)"), (55, "(name upper-cased)"))},
+    },
+    "plan.layout": {
+        "xǁLayoutǁfrom_spec__mutmut_52": "spec.batch(dims) -> spec.batch(None): batch then builds spec.dims() again, "
+                                         "the same mesh (a frozen spec; only slower)",
     },
     "plan.hardware": {
         **{f"x_fit_alpha_beta__mutmut_{i}": f"the slope's {what}: adds 2 x {m} x sum({d}), and that sum is 0 (the "
