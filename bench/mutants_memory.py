@@ -3,6 +3,69 @@ train_config, ...): module -> fast tests, survivor kinds in words, and equivalen
 mutants one by one (mutmut's name without the module's prefix -> why no input can tell it from the code). Merged
 into bench_mutation's MODULES / EQUIVALENT / MARKED."""
 
-MODULES: dict[str, list[str]] = {}
+# the calculator's pure-Python tests (no launch; test_memory_engines.py's live DDP runs and test_fsdp_memory.py's
+# measured fixture are left out): each runs in well under a second, mutmut runs only those that reach the mutant
+_ESTIMATE = ["tests/test_memory_states.py",
+             "tests/test_memory_engines.py::test_a_new_engine_needs_only_a_module_and_a_registry_line",
+             "tests/test_memory_engines.py::test_fsdp2_layout_lists_every_tensor_of_every_family",
+             "tests/test_zero_config.py", "tests/test_memory_cli.py", "tests/test_memory_solvers.py",
+             "tests/test_memory_answers.py", "tests/test_memory_vocab.py"]
+_ENGINES = _ESTIMATE + ["tests/test_memory_engines_mutants.py"]  # hand-worked bytes of each engine (~2 s)
+
+MODULES: dict[str, list[str]] = {
+    "memory.engines.base": _ENGINES,
+    "memory.engines.ddp": _ENGINES,
+    "memory.engines.deepspeed": _ENGINES,
+    "memory.engines.fsdp2": _ENGINES,
+    "memory.engines.megatron": _ENGINES,
+    "memory.deepspeed": _ESTIMATE + ["tests/test_memory_deepspeed_mutants.py"],  # DeepSpeed's rules by hand
+    "memory.calculator": _ESTIMATE,
+    "memory.shapes": _ESTIMATE + ["tests/test_memory_presets.py"],
+    "memory.train_config": _ESTIMATE,
+}
 EQUIVALENT: dict[str, list[str]] = {}
-MARKED: dict[str, dict[str, str]] = {}
+
+_SUPER_CHECK = "super().check(..., {}=None): Engine.check reads only zero (the offload targets are the subclass's)"
+_DIV_ONE = "DDP's {} / 1.0 -> * 1.0: the same float for every value"
+_ZEROED = ("{} += -> = : {} is 0.0 just before (set two lines above, nothing added in between), so both give the "
+           "same sum")
+_PER_ELEMENT = ("the per-element formula call's {}: that StateBytes is read only for its .convention, which depends "
+                "on the precision alone")
+_BELOW_MIN = ("a gradient fragment below the 1 MiB minimum: {}; q <= p, so q·4 < min_bytes too and the second test "
+              "adds 0 either way")
+MARKED: dict[str, dict[str, str]] = {
+    "memory.deepspeed": {
+        "x_partition_params__mutmut_2": "size // world -> / world: padded() is a multiple of 2·world, so the float is "
+                                        "whole and every comparison (the indices returned) the same",
+        "x_partition_params__mutmut_19": "cur < start -> cur <= start: at cur == start the first clause (start <= "
+                                         "cur < end) already holds when size > 0; with size 0 every tensor is empty "
+                                         "(cur + n == cur)",
+        "x_deepspeed_bytes__mutmut_270": "host |= {...} -> host = {...}: host is the empty set just before",
+        **{f"x_nvme_file_bytes__mutmut_{i}": _BELOW_MIN.format(what) for i, what in (
+            (126, "its first test `or True`"), (130, "p·4 >= min -> p·5 >= min"), (132, "q = 0 -> q = 1"))},
+    },
+    "memory.engines.ddp": {
+        "xǁDDPǁcheck__mutmut_2": _SUPER_CHECK.format("offload"),
+        "xǁDDPǁcheck__mutmut_3": _SUPER_CHECK.format("offload_params"),
+        **{f"xǁDDPǁformula__mutmut_{i}": _DIV_ONE.format(term)
+           for i, term in ((20, "param"), (23, "grad"), (26, "master"), (30, "state"), (37, "gc"))},
+    },
+    "memory.engines.deepspeed": {
+        "xǁDeepSpeedǁcheck__mutmut_2": _SUPER_CHECK.format("offload"),
+        "xǁDeepSpeedǁcheck__mutmut_3": _SUPER_CHECK.format("offload_params"),
+        "xǁDeepSpeedǁstates__mutmut_3": "super().states(None, c, stage): Engine.states never reads the shape",
+        "xǁDeepSpeedǁformula__mutmut_132": _ZEROED.format("offload cpu's cpu", "cpu"),
+        "xǁDeepSpeedǁformula__mutmut_135": _ZEROED.format("offload nvme's nvme", "nvme"),
+        "xǁDeepSpeedǁformula__mutmut_137": _ZEROED.format("offload nvme's cpu", "cpu"),
+        "xǁDeepSpeedǁunits__mutmut_9": "super().units(None, P, stage): Engine.units reads only the stage",
+        "xǁDeepSpeedǁunits__mutmut_10": "super().units(c, None, stage): Engine.units reads only the stage",
+    },
+    "memory.engines.fsdp2": {
+        "xǁFSDP2ǁcheck__mutmut_2": _SUPER_CHECK.format("offload"),
+        "xǁFSDP2ǁcheck__mutmut_3": _SUPER_CHECK.format("offload_params"),
+        "xǁFSDP2ǁstates__mutmut_10": "super().states(None, c, stage): Engine.states never reads the shape",
+        **{f"xǁFSDP2ǁstates__mutmut_{i}": _PER_ELEMENT.format(what) for i, what in (
+            (42, "zero=None"), (44, "offload=None"), (45, "offload_params=None"), (55, "params 1 -> 2"),
+            (56, "shard 1 -> 2"), (57, "param_tensors 0 -> 1"))},
+    },
+}
