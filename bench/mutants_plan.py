@@ -1,11 +1,11 @@
 """bench/bench_mutation.py's tables for coursekit.plan (steptime, search, layout, links, hardware,
-overlap): module -> fast tests, survivor kinds in words, and equivalent
+overlap, cli): module -> fast tests, survivor kinds in words, and equivalent
 mutants one by one (mutmut's name without the module's prefix -> why no input can tell it from the code). Merged
 into bench_mutation's MODULES / EQUIVALENT / MARKED."""
 
 MODULES: dict[str, list[str]] = {
     # the step-time model worked out by hand (pure Python, ~2 s); tests/test_plan.py's fast tier (searches, CLI
-    # calls: 18 s a run) under each of the module's 942 mutants would take over half an hour
+    # calls: 18 s a run) under each of the module's 1,223 mutants would take hours
     "plan.steptime": ["tests/test_plan_steptime.py", "tests/test_plan_steptime_mutants.py"],
     # pure-Python selections only (no search, no CLI run, no torch): each under ~5 s
     "plan.links": ["tests/test_comm_nccl.py", "tests/test_plan_steptime.py",
@@ -24,9 +24,17 @@ MODULES: dict[str, list[str]] = {
                       "tests/test_plan.py::test_alpha_beta_fit_recovers_the_line_and_overrides_load",
                       "tests/test_plan.py::test_an_ambiguous_gpu_name_is_refused_with_both_names",
                       "tests/test_plan_hardware_mutants.py"],
-    # tests/test_plan.py without its measured CPU runs (torch launches), subprocess calls and its slowest searches
-    "plan.search": ["tests/test_plan_search_mutants.py", "tests/test_plan.py", "-k", "not cpu_ and not imports_no_torch and not registered_command and "
-                    "not 3072 and not overlap_and_gradient_dtype and not plot_marks"],
+    # tests/test_plan.py without its measured CPU runs (torch launches), subprocess calls, its slowest searches and
+    # the published runs (they read bench/bench_planner.py, which mutmut's copy does not hold)
+    "plan.search": ["tests/test_plan_search_mutants.py", "tests/test_plan.py", "-k",
+                    "not cpu_ and not imports_no_torch and not registered_command and not 3072 and not "
+                    "overlap_and_gradient_dtype and not plot_marks and not published and not gpt3_row and not "
+                    "float8_speed_ups"],
+    "plan.cli": ["tests/test_plan_cli_mutants.py", "tests/test_plan.py::test_bad_input_one_message_exit_2",
+                 "tests/test_plan.py::test_json_lists_candidates_with_the_contract_keys",
+                 "tests/test_plan.py::test_plain_output_says_why_the_best_win",
+                 "tests/test_plan.py::test_layout_evaluates_one_given_layout",
+                 "tests/test_plan.py::test_plot_marks_the_pareto_front"],
 }
 EQUIVALENT: dict[str, list[str]] = {
     "plan.links": [
