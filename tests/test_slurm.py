@@ -237,6 +237,7 @@ POOL_PROBE = textwrap.dedent('''
         return t.item()
 
     out = {"job": os.environ["SLURM_JOB_ID"]}
+    os.environ["POOL_PROBE_MARK"] = str(os.getpid())  # every process the pools start inherits it (srun passes it)
     pool = Pool(2, timeout=30, start_timeout=60)
     out["step"], out["engines"], out["allreduce"] = pool.step, pool.run(who), pool.run(total)
     pool.run("import time; n = 0")
@@ -246,7 +247,10 @@ POOL_PROBE = textwrap.dedent('''
     except RankError as e:
         out["interrupted"] = sorted(r for r, tb in e.failures.items() if "KeyboardInterrupt" in tb)
     out["after_interrupt"] = pool.run(total)
-    pool.restart()  # what a hang's timeout does: a new step, a working group
+    try:  # a hang: rank 1 (the allocation's other node) never joins; the diagnosis needs both nodes' dumps
+        pool.run("if rank == 0:\\n    dist.all_reduce(torch.ones(3))\\n", timeout=5, quiet=True)
+    except TimeoutError as e:  # and the pool restarted: a new step, a working group
+        out["hang"] = str(e)
     out["restarted"] = [pool.step, pool.run(total), [e["SLURM_PROCID"] for e in pool.run(who)]]
     pool.close()
     try:  # more tasks than the allocation holds: srun's refusal, at once, and nothing left
@@ -256,7 +260,9 @@ POOL_PROBE = textwrap.dedent('''
     left = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "COURSEKIT_LAUNCH_ID" in p.environ():  # any pool's process
+            env = p.environ()  # any process of this kernel's pools (not a concurrent test's launches)
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and "COURSEKIT_LAUNCH_ID" in env \
+                    and env.get("POOL_PROBE_MARK") == str(os.getpid()):
                 left.append(p.pid)
         except psutil.Error:
             pass
@@ -272,7 +278,8 @@ def test_a_notebook_pool_inside_an_allocation_runs_its_ranks_as_slurm_tasks(clus
     """``Pool(2)`` in a kernel inside ``salloc -N 2``: its engines are the two tasks of one srun step (SLURM_PROCID
     0 and 1, the allocation's job id, one per node, rank = SLURM_PROCID, MASTER_ADDR the first node); they
     all-reduce, ``interrupt()`` reaches both through Slurm (srun alone would only print a status for SIGINT),
-    ``restart()`` gives a new step, and ``close()`` ends the step: no engine process and no step left; a pool of
+    a hang's diagnosis has both nodes' flight-recorder dumps (sent back over the pool's socket) and its restart gives
+a new step, and ``close()`` ends the step: no engine process and no step left; a pool of
     more tasks than the allocation holds fails at once with srun's message. A pool that ignored the allocation
     would start local engines without SLURM_PROCID."""
     probe = tmp_path / "pool_probe.py"
@@ -297,6 +304,8 @@ def test_a_notebook_pool_inside_an_allocation_runs_its_ranks_as_slurm_tasks(clus
     assert out["allreduce"] == [3.0, 3.0] and out["after_interrupt"] == [3.0, 3.0]
     assert out["interrupted"] == [0, 1], out
     assert out["restarted"][0] not in (None, out["step"]) and out["restarted"][1:] == [[3.0, 3.0], ["0", "1"]]
+    assert re.search(r"flight recorder: TIMEOUT: rank\(s\) 1 had not reached collective #\d+", out["hang"]), out
+    assert "rank 0: all_reduce in [[3]]" in out["hang"] and "no dump from" not in out["hang"], out["hang"]
     assert out["left"] == [] and out["steps_after_close"] == [], out
     assert "More processors requested than permitted" in out.get("too_many", ""), out
     assert not [e["pid"] for e in engines if psutil.pid_exists(e["pid"])

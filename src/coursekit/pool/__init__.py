@@ -23,7 +23,8 @@ every rank (SIGINT: ``KeyboardInterrupt`` in each rank's cell; ``run`` raises it
 ``interrupt()``); the ranks and their state stay. A cell that does not finish within ``timeout`` seconds (a
 collective one rank never joins) raises ``TimeoutError`` naming the ranks still running, with the flight-recorder
 diagnosis Module 5 teaches (``coursekit.profiling.hangs``: every rank dumps its recorder on request, from a thread
-of its own, so a rank blocked in a collective dumps too; the error says which collective which ranks never reached),
+of its own, so a rank blocked in a collective dumps too, and sends it back over a socket, from any node: ``coursekit.
+pool.dumps``; the error says which collective which ranks never reached),
 and the pool is restarted: a rank stuck inside a collective cannot be interrupted, only replaced. Every process
 carries the launch stamp (``coursekit.launch.stamped_env``), so the test suite's orphan guard sees them, and
 ``close`` stops what is left; a kernel killed without ``close`` leaves nothing either (``coursekit.pool.watchdog``).
@@ -39,16 +40,16 @@ import atexit
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 import uuid
 from pathlib import Path
 
-from coursekit.pool import slurm as pool_slurm
+from coursekit.pool import dumps as pool_dumps, slurm as pool_slurm
 from coursekit.pool.output import Echo, traceback_of, until_done
 from coursekit.dist import free_port
 from coursekit.launch import LAUNCH_ID_ENV, notebook_progress, reap, stamped_env
@@ -79,27 +80,16 @@ def init_rank(rank: int, world: int, port: int, device: str, addr: str = "127.0.
     return device
 
 
-def dump_on_request(trigger: str) -> None:
-    """Runs in each engine: a daemon thread that writes this rank's flight-recorder dump (``coursekit.profiling.
-    frwrap.dump``, into ``$COURSEKIT_FR_DIR``) when the pool creates ``trigger`` — while the main thread may sit
-    inside a collective (which releases the GIL)."""
-    def watch():
-        while not os.path.exists(trigger):
-            time.sleep(0.1)
-        frwrap.dump("stuck")
-
-    threading.Thread(target=watch, name="coursekit-pool-fr", daemon=True).start()
-
-
 _SETUP = """import os
 os.environ.update(RANK="{rank}", WORLD_SIZE="{world}", LOCAL_RANK="{local_rank}", MASTER_ADDR={addr!r},
                   MASTER_PORT="{port}")  # as torchrun's; the flight recorder's dumps are named by rank
 import torch
 import torch.distributed as dist
-from coursekit.pool import dump_on_request as _dump_on_request, init_rank as _init_rank
+from coursekit.pool import init_rank as _init_rank
+from coursekit.pool.dumps import serve as _serve_dumps
 rank, world_size = {rank}, {world}
 device = _init_rank(rank, world_size, {port}, {device!r}, {addr!r}, {local_rank!r})
-_dump_on_request({trigger!r})
+_serve_dumps({dump_host!r}, {dump_port}, rank)
 """
 FR_WAIT_S = 10.0  # how long a hang's diagnosis waits for every rank's dump
 # ipyparallel for a pool (2 engines up 6.5 -> 1.9 s, close 6.4 -> 0.2 s here): an engine joins at a heartbeat (3 s by
@@ -134,6 +124,9 @@ class Pool:
         # the engines inherit the launch stamp and the flight recorder's settings (gloo records, never writes)
         os.environ.update(stamped_env({LAUNCH_ID_ENV: self._launch_id}), TORCH_FR_BUFFER_SIZE="2000",
                           **{frwrap.DIR_ENV: self._fr})
+        # each rank's flight-recorder dump comes back over a socket (ranks on other nodes too)
+        self._dump_host = socket.gethostname() if self.slurm else "127.0.0.1"
+        self._dumps = pool_dumps.Collector("0.0.0.0" if self.slurm else "127.0.0.1")
         # if this kernel dies without close() (SIGKILL, a crash), its keeper stops the pool's processes
         self._keeper = subprocess.Popen([sys.executable, "-m", "coursekit.pool.watchdog", self._launch_id,
                                          str(os.getpid())], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -168,9 +161,9 @@ class Pool:
                                                                          self.start_timeout)
         self._engines = {rank: self._client[e] for rank, e in enumerate(ids)}
         self._view = self._client[ids]
-        trigger = str(Path(self._fr) / "dump-now")
         setup = {r: v.execute(_SETUP.format(rank=r, world=self.n, port=port, device=self.device, addr=addr,
-                                            local_rank=local_ranks[r], trigger=trigger), block=False)
+                                            local_rank=local_ranks[r], dump_host=self._dump_host,
+                                            dump_port=self._dumps.port), block=False)
                  for r, v in self._engines.items()}
         for ar in setup.values():
             ar.get(timeout=self.start_timeout)
@@ -192,6 +185,7 @@ class Pool:
             reap(self._launch_id)  # the keeper too
             self._keeper.wait(timeout=10)
             self._keeper = None
+            self._dumps.close()
             shutil.rmtree(self._fr, ignore_errors=True)
 
     def interrupt(self) -> None:
@@ -295,16 +289,12 @@ class Pool:
 
     def _diagnose(self) -> str:
         """Every rank's flight-recorder dump, then ``coursekit.profiling.hangs``' reading of them (text)."""
-        folder = Path(self._fr)
-        (folder / "dump-now").touch()
-        end = time.monotonic() + FR_WAIT_S
-        while time.monotonic() < end and len(list(folder.glob("fr_trace_*.pkl"))) < self.n:
-            time.sleep(0.1)
         keep = Path(tempfile.mkdtemp(prefix="coursekit-pool-hang-"))  # outlives the restart, for torchfrtrace
-        for f in folder.glob("fr_trace_*"):
-            shutil.copy(f, keep / f.name)
+        answered = self._dumps.collect(keep, FR_WAIT_S)
+        missing = sorted(set(range(self.n)) - set(answered))
+        note = f" (no dump from rank(s) {', '.join(map(str, missing))})" if missing else ""
         try:
-            return "flight recorder: " + hangs.summary(hangs.diagnose(keep, world=self.n, timed_out=True))
+            return "flight recorder: " + hangs.summary(hangs.diagnose(keep, world=self.n, timed_out=True)) + note
         except Exception as e:  # noqa: BLE001 (the timeout stands without a diagnosis)
             return f"flight recorder: no diagnosis ({type(e).__name__}: {e}); dumps in {keep}"
 

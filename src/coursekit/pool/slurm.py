@@ -9,8 +9,8 @@ process tree and listens on every interface: engines on other nodes connect to t
 passes them in ``$IPP_CONNECTION_INFO`` (no shared file system needed). Signals go to the step through ``scancel
 --signal`` (srun turns a SIGINT into a status report and cannot forward a SIGKILL), so ``interrupt()`` and
 ``close()`` reach the ranks on every node, and ``close`` waits for the step's srun to exit: no task outlives the
-pool. The flight-recorder diagnosis of a hang only sees the dumps of ranks on the kernel's node (a node-local
-temporary folder).
+pool. A hang's flight-recorder dumps come back from every node over a socket to the kernel (``coursekit.pool.
+dumps``), so its diagnosis sees every rank.
 """
 from __future__ import annotations
 
