@@ -302,3 +302,35 @@ def test_a_kernel_killed_without_close_leaves_no_process():
         time.sleep(0.2)
     assert _with_launch_id(launch_id) == [], "the pool outlived its kernel"
 
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_count() == 0, reason="needs CUDA GPUs: a pool's ranks on NCCL, one GPU per rank")
+def test_a_pool_on_gpus_runs_nccl_with_one_gpu_per_rank():
+    """On a GPU node: each rank takes its own GPU and joins an NCCL group; a collective and the trainer's loop
+    (``Pool.train``) run there, the record saying cuda and nccl."""
+    from coursekit.pool import Pool
+
+    n = min(2, _cuda_count())
+    with Pool(n, device="cuda", timeout=120) as p:
+        assert p.run(_device_and_backend) == [(f"cuda:{r}", "nccl") for r in range(n)]
+        p.run("t = torch.ones(1, device=device) * (rank + 1); dist.all_reduce(t)")
+        assert p.run(_t_value) == [n * (n + 1) / 2] * n
+        records = p.train("--strategy", "ddp", "--model", "tiny-llama", "--steps", 2, "--seq", 32,
+                          "--global-batch", 2 * n, "--quiet")
+        assert [(r["final"]["device"], r["final"]["backend"]) for r in records] == [(f"cuda:{r}", "nccl")
+                                                                                  for r in range(n)]
+
+
+def _device_and_backend():
+    return str(device), dist.get_backend()  # noqa: F821 (the rank's names)
+
+
+def _t_value():
+    return t.item()  # noqa: F821
