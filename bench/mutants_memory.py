@@ -20,8 +20,8 @@ MODULES: dict[str, list[str]] = {
     "memory.engines.megatron": _ESTIMATE + ["tests/test_memory_megatron_mutants.py"],  # stages by hand
     "memory.deepspeed": _ESTIMATE + ["tests/test_memory_deepspeed_mutants.py"],  # DeepSpeed's rules by hand
     "memory.calculator": _ESTIMATE + ["tests/test_memory_calculator_mutants.py"],  # the sums, with stubs
-    "memory.shapes": _ESTIMATE + ["tests/test_memory_presets.py"],
-    "memory.train_config": _ESTIMATE,
+    "memory.shapes": _ESTIMATE + ["tests/test_memory_presets.py", "tests/test_memory_engines_mutants.py"],
+    "memory.train_config": _ESTIMATE + ["tests/test_memory_train_config_mutants.py"],  # every refusal, whole
 }
 EQUIVALENT: dict[str, list[str]] = {}
 
