@@ -34,6 +34,10 @@ _PER_ELEMENT = ("the per-element formula call's {}: that StateBytes is read only
 _BELOW_MIN = ("a gradient fragment below the 1 MiB minimum: {}; q <= p, so q·4 < min_bytes too and the second test "
               "adds 0 either way")
 MARKED: dict[str, dict[str, str]] = {
+    "memory.train_config": {
+        "xǁTrainConfigǁ__post_init____mutmut_76": "getattr(engine, 'autocast', False) -> default None: read as `not "
+                                                  "...`, None and False both refuse",
+    },
     "memory.deepspeed": {
         "x_partition_params__mutmut_2": "size // world -> / world: padded() is a multiple of 2·world, so the float is "
                                         "whole and every comparison (the indices returned) the same",

@@ -122,3 +122,29 @@ def test_what_the_configuration_fills_in():
     d = make().to_dict()
     assert d["batch"] == 1 and d["engine"] == "deepspeed" and d["bucket_elems"] == 500_000_000
     assert d["sub_group_size"] == 1_000_000_000 and d["runtime_bytes"] == 1 << 30 and len(d) == 43  # its 43 fields
+
+
+def test_whole_number_fields_are_stored_as_ints():
+    """Catches a checked value stored under another name (the field then keeps the float it was given): every
+    whole-number field given as a float is kept as the int positive_int returns."""
+    ints = dict(batch=2.0, seq=8.0, tp=2.0, pp=2.0, cp=2.0, ep=2.0, dp=4.0, microbatches=3.0, dp_rank=1.0,
+                runtime_bytes=5.0, bucket_elems=7.0, sub_group_size=9.0, hsdp_shard=2.0)
+    c = make(engine="fsdp2", **ints)
+    for k in ints:
+        assert type(getattr(c, k)) is int and getattr(c, k) == ints[k], k
+    c = make(world=8.0)
+    assert type(c.world) is int and c.world == 8
+    c = make(pp=2, pp_schedule="interleaved-1f1b", pp_virtual=3.0, recompute="full", recompute_layers=2.0)
+    assert type(c.pp_virtual) is int and type(c.recompute_layers) is int
+    c = make(engine="fsdp2", qlora=True, lora_rank=4.0, nf4_block=32.0, nf4_scaler_block=8.0, dp=4,
+             fsdp_reshard=2.0)
+    assert all(type(getattr(c, k)) is int for k in ("lora_rank", "nf4_block", "nf4_scaler_block", "fsdp_reshard"))
+
+
+def test_autocast_is_refused_before_an_unknown_engine_is():
+    """Catches a default of True for an engine the registry does not know: fp32 weights with bf16 compute are
+    refused first, naming the engines that model autocast."""
+    with pytest.raises(ConfigError, match=whole("precision fp32 keeps fp32 weights; use dtype fp32 (or a 16/18/20psi "
+                                                "precision); fp32 weights with bf16 compute (torch autocast) are "
+                                                "modelled for engine fsdp2 or ddp")):
+        make(precision="fp32", dtype="bf16", engine="horovod")
