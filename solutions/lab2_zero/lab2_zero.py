@@ -48,19 +48,28 @@ from coursekit.zero.ds_config import build_config, save_config
 MODEL = "tiny-llama"
 PSI = 125_248  # count_parameters("tiny-llama"): 2 layers, hidden 64, vocabulary 256
 BUDGET_BYTES = 600_000  # section 3
-pool = Pool(2, timeout=280)  # the lab's 2 live ranks (coursekit.pool): every DeepSpeed run below uses them
+pool = None  # the lab's live ranks (coursekit.pool), started by the first run: every DeepSpeed run below uses them
+
+
+def live_ranks(n: int = 2) -> Pool:
+    """The lab's pool of ``n`` live ranks (started on first use, resized when a run wants another size)."""
+    global pool
+    if pool is None:
+        pool = Pool(n, timeout=280)
+    elif pool.n != n:
+        pool.resize(n)
+    return pool
 
 
 def train_with_config(config: dict, nproc: int = 2, steps: int = 4) -> list:
     """Run the course trainer with a DeepSpeed config dict on ``nproc`` live ranks; every rank's final record
     (bytes, losses, ...)."""
-    if pool.n != nproc:
-        pool.resize(nproc)
     with tempfile.TemporaryDirectory() as d:
         path = save_config(config, Path(d) / "ds.json")
         dtype = "bf16" if config.get("bf16", {}).get("enabled") else "fp32"
-        records = pool.train("--strategy", "deepspeed", "--ds-config", path, "--model", MODEL, "--steps", steps,
-                             "--seq", 32, "--global-batch", 8, "--dtype", dtype, "--quiet")
+        records = live_ranks(nproc).train("--strategy", "deepspeed", "--ds-config", path, "--model", MODEL,
+                                          "--steps", steps, "--seq", 32, "--global-batch", 8, "--dtype", dtype,
+                                          "--quiet")
     return [r["final"] | {"losses": [s["loss"] for s in r["steps"]]} for r in records]
 
 
@@ -110,7 +119,7 @@ STAGE_POINTS = [{"name": f"zero{s}", "stage": s} for s in range(4)] + [
     {"name": "zero3+offload", "stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "ds_optimizer": False}]
 
 # %% nbgrader={"grade": false, "grade_id": "demo_stages", "locked": true, "schema_version": 3, "solution": false}
-stage_ranks = run_sweep(STAGE_POINTS, steps=4, per_rank=True, pool=pool)  # one list of rows per rank
+stage_ranks = run_sweep(STAGE_POINTS, steps=4, per_rank=True, pool=live_ranks(2))  # one list of rows per rank
 _keys = ("params", "grads", "master", "optimizer", "fp32_grads")
 print(f"{'config':<15}" + "".join(f"{k:>22}" for k in _keys) + f"{'buckets':>10}{'step ms':>9}")
 for _r in stage_ranks[0]:
@@ -241,8 +250,8 @@ print(f"budget_config: at most {max(_f['accelerator_bytes'] for _f in _runs):,} 
 # %% nbgrader={"grade": true, "grade_id": "budget_config_hidden", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 # Hidden tests check that your run trains exactly like DDP (same losses, step by step).
 ### BEGIN HIDDEN TESTS
-_ddp = pool.train("--strategy", "ddp", "--model", MODEL, "--steps", 4, "--seq", 32, "--global-batch", 8,
-                  "--quiet")[0]
+_ddp = live_ranks(2).train("--strategy", "ddp", "--model", MODEL, "--steps", 4, "--seq", 32, "--global-batch", 8,
+                           "--quiet")[0]
 _ddp_losses = [s["loss"] for s in _ddp["steps"]]
 _runs = train_with_config(budget_config())
 for _f in _runs:
@@ -274,7 +283,7 @@ SWEEP_POINTS = [{"name": f"rbs={n}", "stage": 3, "reduce_bucket_size": n} for n 
     {"name": "prefetch=200000", "stage": 3, "prefetch_bucket_size": 200_000}]
 
 # %% nbgrader={"grade": false, "grade_id": "demo_bucket_sweep", "locked": true, "schema_version": 3, "solution": false}
-sweep_rows = run_sweep(SWEEP_POINTS, steps=6, pool=pool)
+sweep_rows = run_sweep(SWEEP_POINTS, steps=6, pool=live_ranks(2))
 for _r in sweep_rows:
     _ops = ", ".join(f"{k} {v['calls']}x {v['bytes'] / 1e3:.0f} kB" for k, v in _r["ops"].items())
     print(f"{_r['name']:<14} {_r['step_ms']:7.1f} ms  buckets {_r['buffers_bytes']:>9,} B  {_ops}")
@@ -446,4 +455,5 @@ print("accelerate DeepSpeed:", [(r["rank"], r["distributed_type"], r["model_clas
 # The lab's live ranks stop with the notebook's kernel; to free them now:
 
 # %% nbgrader={"grade": false, "grade_id": "close_pool", "locked": true, "schema_version": 3, "solution": false}
-pool.close()
+if pool is not None:
+    pool.close()
