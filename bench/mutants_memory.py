@@ -21,6 +21,16 @@ MODULES: dict[str, list[str]] = {
     "memory.deepspeed": _ESTIMATE + ["tests/test_memory_deepspeed_mutants.py"],  # DeepSpeed's rules by hand
     "memory.calculator": _ESTIMATE + ["tests/test_memory_calculator_mutants.py"],  # the sums, with stubs
     "memory.shapes": _ESTIMATE + ["tests/test_memory_presets.py", "tests/test_memory_engines_mutants.py"],
+    # torchtitan's per-op policy measured with torch on CPU (one process) and its refusals; not the launches
+    "memory.op_recompute": ["tests/test_recompute_op.py::test_op_saved_bytes_equal_the_calculator_to_the_byte",
+                            "tests/test_recompute_op.py::test_op_kernels_and_biases_equal_the_calculator",
+                            "tests/test_recompute_op.py::test_every_second_mm_is_recomputed",
+                            "tests/test_recompute_op.py::test_the_policy_counts_forward_and_recompute_apart",
+                            "tests/test_recompute_op.py::test_op_is_refused_where_not_modelled",
+                            "tests/test_recompute_op.py::test_flops_and_planner_accept_op",
+                            "tests/test_recompute_op.py::test_memory_cli_op_and_bad_value_in_one_line",
+                            "tests/test_memory_flops.py"],
+    "memory.solvers": _ESTIMATE,
     "memory.train_config": _ESTIMATE + ["tests/test_memory_train_config_mutants.py"],  # every refusal, whole
 }
 EQUIVALENT: dict[str, list[str]] = {}
@@ -71,5 +81,10 @@ MARKED: dict[str, dict[str, str]] = {
         **{f"xǁFSDP2ǁstates__mutmut_{i}": _PER_ELEMENT.format(what) for i, what in (
             (42, "zero=None"), (44, "offload=None"), (45, "offload_params=None"), (55, "params 1 -> 2"),
             (56, "shard 1 -> 2"), (57, "param_tensors 0 -> 1"))},
+        **{f"xǁFSDP2ǁunits__mutmut_{i}": f"`max(blocks) if blocks else 0` {what}: dead, every exact layout has a block "
+           "per layer (unit_sizes, qlora's unit_gather_bytes) and ModelShape refuses 0 layers"
+           for i, what in ((36, "-> `if blocks or True`"), (38, "-> `else 1`"))},
+        "xǁFSDP2ǁbuckets__mutmut_20": "reduce = 4 if M else P -> `if M or True`: the one precision without a master "
+                                      "copy (M = 0) is fp32, whose P is 4 too",
     },
 }

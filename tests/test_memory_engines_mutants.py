@@ -309,13 +309,16 @@ def test_fsdp2_exact_units_follow_reshard_after_forward(reshard, start):
     P = 2 bytes); backward ends holding the root; the largest unit is a block, in elements."""
     e, c = FSDP2(), fsdp2_cfg(fsdp_reshard=reshard)
     e.states(TINY, c, None)  # states first, as the calculator asks: it keeps the padded units for this config
-    assert e.units(c, 2, STAGE) == {"start": 2 * start, "end": 2 * ROOT, "largest": BLOCK}
+    units = e.units(c, 2, STAGE)
+    assert units == {"start": 2 * start, "end": 2 * ROOT, "largest": BLOCK}
+    assert all(type(v) is int for v in units.values())  # whole bytes, not floats that equal them
     assert e.buckets(c, 2, 280, BLOCK) == ((2 + 4) * BLOCK, 0)  # bf16 all-gather + fp32 reduce-scatter input
 
 
 def test_fsdp2_units_of_another_configuration_are_not_reused():
     """Catches the padded units kept for one configuration being read for another (or never kept): a config the
     engine has not laid out gets the Ψ formula's units: head 30 + last layer 100 in use, the embedding's 50 last."""
+    assert FSDP2().units(fsdp2_cfg(), 2, STAGE)["start"] == 2 * 130  # an engine that laid nothing out yet
     e = FSDP2()
     e.states(TINY, fsdp2_cfg(), None)
     other = fsdp2_cfg()
@@ -344,6 +347,7 @@ def test_fsdp2_detail_between_forward_and_backward(reshard, held, group):
     d = FSDP2().detail(TINY, fsdp2_cfg(precision="18psi", fsdp_reshard=reshard))
     assert d == {"fsdp_units": {"gathered_bytes": [2 * BLOCK, 2 * BLOCK, 2 * ROOT], "reshard_after_forward": reshard,
                                 "held_after_forward_bytes": 2 * held, "backward_all_gather_group": group}}
+    assert type(d["fsdp_units"]["held_after_forward_bytes"]) is int
     assert FSDP2().detail(TINY, fsdp2_cfg(tp=2)) == {}  # no exact layout under TP: no breakdown
 
 
@@ -391,6 +395,9 @@ def test_fsdp2_exact_layout_only_without_tp_pp_ep_for_llama_and_gpt2():
     (GPT2.with_(positions="rope"), 3, "block", [330, 330, 60]),
     # a tied Llama: no head in the root, embed 48 + final norm 4
     (TINY.with_(tied_embeddings=True), 4, "block", [BLOCK, BLOCK, 52]),
+    # one layer: the tensors per layer are all but the first, the final norm(s) and the head, with nothing to round
+    (GPT2.with_(layers=1), 3, "block", [330, 96]),
+    (TINY.with_(layers=1), 4, "block", [BLOCK, ROOT]),
 ])
 def test_unit_sizes_by_hand(shape, shard, wrap, want):
     """Catches a wrong cut of the tensor list into units (first tensors, tensors per layer, final norm, head) or a
