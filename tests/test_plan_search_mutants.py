@@ -4,13 +4,16 @@ prediction lies outside (``unchecked``), overlap names a layout can take, the Pa
 Pure Python (no search); written against the mutation survivors of bench/bench_mutation.py plan.search."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from coursekit.memory.gpus import GiB
 from coursekit.memory.shapes import ModelShape
 from coursekit.plan.layout import Layout
-from coursekit.plan.search import (Candidate, _divisors, _dp_variants, _ep_degrees, _fill, applicable, explain,
-                                   make_cluster, pareto, plan, unchecked)
+from coursekit.plan.hardware import hardware, network
+from coursekit.plan.search import (Candidate, _check, _divisors, _dp_variants, _ep_degrees, _fill, applicable,
+                                   evaluate, explain, make_cluster, pareto, plan, unchecked)
 from coursekit.plan.steptime import Prediction
 
 DENSE = ModelShape(arch="llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, max_positions=512)
@@ -46,6 +49,7 @@ def test_divisors_ep_degrees_and_the_data_parallel_variants():
            dict(engine="deepspeed", zero=3, dp_replicate=6)]
     assert _dp_variants(6, 1, 4) == six  # 4 does not divide 6
     assert _dp_variants(6, 1, 2)[-1] == dict(engine="fsdp2", dp_shard=2, dp_replicate=3)
+    assert all(type(v) is int for var in _dp_variants(16, 1, 8) for k, v in var.items() if k != "engine")  # counts
 
 
 def test_a_given_layout_takes_what_tp_pp_cp_leave_of_the_gpus_as_its_data_parallel_degree():
@@ -61,6 +65,14 @@ def test_a_given_layout_takes_what_tp_pp_cp_leave_of_the_gpus_as_its_data_parall
                                                                                      dp_replicate=2, tp=2, pp=2)
     assert _fill({"engine": "fsdp2", "dp_shard": 8, "cp": 4}, 16) == Layout(engine="fsdp2", dp_shard=8, cp=4)
     assert _fill({"tp": 2}, None) == Layout(tp=2)
+    # a degree not given is 1
+    assert _fill({"pp": 2}, 8) == Layout(pp=2, dp_replicate=4)
+    assert _fill({"engine": "fsdp2", "dp_replicate": 2}, 8) == Layout(engine="fsdp2", dp_replicate=2, dp_shard=4)
+    assert _fill({"engine": "fsdp2", "dp_replicate": 2, "pp": 2}, 8) == Layout(engine="fsdp2", dp_replicate=2,
+                                                                               dp_shard=2, pp=2)
+    assert _fill({"engine": "fsdp2", "dp_replicate": 2, "cp": 2}, 8) == Layout(engine="fsdp2", dp_replicate=2,
+                                                                               dp_shard=2, cp=2)
+    assert _fill({"engine": "fsdp2", "dp_shard": 2}, 8) == Layout(engine="fsdp2", dp_shard=2, dp_replicate=4)
     assert _fill({"dp_replicate": 2}, 8) == Layout(dp_replicate=2)  # both given (dp_shard's default): kept
     with pytest.raises(ValueError) as e:
         _fill({"tp": 3}, 8)
@@ -85,7 +97,8 @@ def test_the_cluster_needs_whole_nodes():
 
 
 # -- where a prediction lies outside the checked published runs -------------------------------------------------------
-def test_unchecked_names_each_regime_the_published_runs_do_not_cover():
+def test_unchecked_names_each_regime_outside_the_checked_runs():
+    # (no 'published' in the name: bench/mutants_plan.py deselects tests/test_plan.py's published runs by -k)
     """Exposed communication above 30 % of the step; sharded data parallelism (FSDP2 with dp_shard > 1 or ZeRO-3)
     over more than 32 GPUs without TP or PP; cp above 2 or not ring; EP above 8; tp overlap; compile; fp8.
     Catches each threshold shifted (> -> >=), each condition's `and` / `or` swapped, and each message's words."""
@@ -96,6 +109,7 @@ def test_unchecked_names_each_regime_the_published_runs_do_not_cover():
                "up to 4x slower than predicted)",)
     assert unchecked(DENSE, Layout(dp_shard=64, engine="fsdp2"), _pred()) == sharded
     assert unchecked(DENSE, Layout(dp_replicate=64, engine="deepspeed", zero=3), _pred()) == sharded
+    assert unchecked(DENSE, Layout(dp_replicate=32, dp_shard=2, engine="fsdp2"), _pred()) == sharded  # HSDP
     for covered in (Layout(dp_shard=32, engine="fsdp2"), Layout(dp_shard=64, tp=2, engine="fsdp2"),
                     Layout(dp_shard=64, pp=2, engine="fsdp2"), Layout(dp_replicate=64, engine="fsdp2"),
                     Layout(dp_replicate=64, engine="deepspeed", zero=2), Layout(dp_replicate=64)):
@@ -150,17 +164,18 @@ def test_the_pareto_front_is_by_memory_ascending_each_faster_than_the_last():
 
 
 def test_explain_gives_each_share_of_the_step_and_what_loses_to_the_best():
-    """Shares of at least 1 % of the step, in the order compute, bubble, each exposed dimension, optimizer, host; the
-    memory in GiB; against the best: the step's relative excess and the part that grew most, in ms. Catches the
-    1 % bound, the format, the ordering of the parts, the excess's sign or scale."""
-    parts = dict(compute=0.6, bubble=0.1, exposed={"tp": 0.2, "dp": 0.005}, optimizer=0.09, host=0.005)
-    c = Candidate(Layout(), _pred(step=1.0, **parts), 40 * GiB, 76 * GiB)
-    head = "compute 60%, bubble 10%, tp comm 20%, optimizer 9%; 40.0 of 76.0 GiB"
+    """Shares of at least 1 % of the step (exactly 1 %: shown), in the order compute, bubble, each exposed dimension,
+    optimizer, host; the memory in GiB; against the best: the step's relative excess and the part that grew most,
+    in ms. Catches the 1 % bound (>= -> >, / -> x), the format, the excess's sign or scale."""
+    parts = dict(compute=0.6, bubble=1.0, exposed={"tp": 0.2, "dp": 0.01}, optimizer=0.18, host=0.02)
+    c = Candidate(Layout(), _pred(step=2.0, **parts), 40 * GiB, 76 * GiB)
+    # of 2 s: 30 %, 50 %, 10 %, (dp 0.5 %: left out), 9 %, host 0.02 / 2 = exactly 1 %
+    head = "compute 30%, bubble 50%, tp comm 10%, optimizer 9%, host 1%; 40.0 of 76.0 GiB"
     assert explain(c) == head and explain(c, c) == head
-    best = Candidate(Layout(), _pred(step=0.85, compute=0.6, bubble=0.0, exposed={"tp": 0.15, "dp": 0.005},
-                                     optimizer=0.09, host=0.005), 30 * GiB, 76 * GiB)
-    # 1.0 / 0.85 - 1 = +17.6 %; the bubble grew most: 0.1 s = 100 ms (tp comm only 50 ms)
-    assert explain(c, best) == head + "; +17.6% vs #1, mostly bubble (+100 ms)"
+    best = Candidate(Layout(), _pred(step=1.1, compute=0.6, bubble=0.1, exposed={"tp": 0.2, "dp": 0.01},
+                                     optimizer=0.18, host=0.02), 30 * GiB, 76 * GiB)
+    # 2.0 / 1.1 - 1 = +81.8 %; the bubble grew most: 1.0 - 0.1 = 0.9 s = 900 ms
+    assert explain(c, best) == head + "; +81.8% vs #1, mostly bubble (+900 ms)"
 
 
 def test_a_candidates_json_row():
@@ -180,3 +195,47 @@ def test_plan_refuses_unknown_fixed_keys_and_bad_sizes():
         with pytest.raises(ValueError) as e:
             plan("tiny-llama", gpus=8, **kw)
         assert str(e.value) == message
+
+
+def _refused(shape, layout, seq):
+    with pytest.raises(ValueError) as e:
+        _check(shape, layout, seq)
+    return str(e.value)
+
+
+def test_a_layout_is_checked_against_the_model_with_its_own_kv_heads_seq_kernel_sp_and_stages():
+    """_check hands check_model (coursekit.spec.dims, whose rules the messages state) the model's K/V heads, the
+    sequence, the CP kernel (only with cp > 1), SP only with tp > 1, and the virtual stages. Catches each argument
+    dropped or None'd and its conditions shifted."""
+    six = ModelShape(arch="llama", layers=4, hidden=96, heads=6, kv_heads=3, ffn=128, vocab=256, max_positions=512)
+    assert _refused(six, Layout(tp=2), 64).startswith("3 key/value heads do not split over tp 2")
+    assert _refused(DENSE, Layout(cp=2), 66).startswith("sequence length 66 is not divisible by 4")
+    assert _refused(DENSE, Layout(cp=8, cp_impl="ulysses"), 256).startswith("Ulysses needs query heads % (tp x cp)")
+    three = ModelShape(arch="llama", layers=4, hidden=48, heads=3, kv_heads=3, ffn=128, vocab=256, max_positions=512)
+    assert _refused(three, Layout(cp=2, cp_impl="ulysses"), 256).startswith("Ulysses needs query heads")
+    assert _refused(DENSE, Layout(tp=2), 65).startswith("sequence length 65 is not divisible by tp 2 x cp 1")
+    _check(DENSE, Layout(tp=2, sp=False), 65)  # no SP: the sequence need not split
+    _check(DENSE, Layout(sp=True), 65)  # tp 1: no SP either
+    assert _refused(replace(DENSE, layers=3), Layout(pp=2, virtual_stages=2), 64).startswith(
+        "3 layers cannot fill pp 2 x 2 stage(s) per rank")
+
+
+def test_evaluate_fills_the_gpus_from_the_layout_and_checks_them():
+    """gpus defaults to the layout's world; a different --gpus is refused with the degrees; 8 GPUs per node by
+    default (16 GPUs: two whole nodes); the model check sees the sequence; hw / net given are the ones priced.
+    Catches gpus = gpus and world, the message, the default node size, seq not passed, hw / net dropped."""
+    c = evaluate("tiny-llama", Layout(dp_replicate=2), seq=64, global_batch=4)
+    assert c.layout.world == 2 and c.fits
+    with pytest.raises(ValueError) as e:
+        evaluate("tiny-llama", Layout(dp_replicate=2, tp=2), gpus=8, seq=64, global_batch=4)
+    assert str(e.value) == "layout uses 4 GPUs (dp 2 x tp 2 x pp 1 x cp 1) but --gpus is 8"
+    assert evaluate("tiny-llama", {"dp_replicate": 16}, gpus=16, seq=64, global_batch=16).fits
+    with pytest.raises(ValueError, match="sequence length 66 is not divisible by 4"):
+        evaluate("tiny-llama", Layout(cp=2), seq=66, global_batch=2)
+    small = replace(hardware("H100-80GB"), memory_bytes=10 * GiB)
+    assert evaluate("tiny-llama", Layout(dp_replicate=2), seq=64, global_batch=4, hw=small).capacity_bytes == int(
+        10 * GiB * 0.95)  # MEMORY_SLACK 5 %
+    slow = replace(network("ib-400"), bw_per_gpu=1e6)  # 1 MB/s NICs, one GPU per node: the gradients cross them
+    fast_p = evaluate("tiny-llama", Layout(dp_replicate=2), gpus_per_node=1, seq=64, global_batch=4)
+    slow_p = evaluate("tiny-llama", Layout(dp_replicate=2), gpus_per_node=1, seq=64, global_batch=4, net=slow)
+    assert slow_p.prediction.step_time_s > 10 * fast_p.prediction.step_time_s
