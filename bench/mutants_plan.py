@@ -74,6 +74,20 @@ MARKED: dict[str, dict[str, str]] = {
         "xǁLayoutǁfrom_spec__mutmut_52": "spec.batch(dims) -> spec.batch(None): batch then builds spec.dims() again, "
                                          "the same mesh (a frozen spec; only slower)",
     },
+    "plan.search": {
+        **{f"x_{f}__mutmut_{i}": f"{f}'s default {what}: the GPU table and network presets are looked up "
+           "case-insensitively (spec.gpus, hardware.network), the same preset" for f, i, what in (
+               ("make_cluster", 2, "gpu 'H100-80GB' -> 'h100-80gb'"), ("make_cluster", 4, "network 'ib-400' -> 'IB-400'"),
+               ("evaluate", 3, "gpu 'H100-80GB' -> 'h100-80gb'"), ("evaluate", 5, "network 'ib-400' -> 'IB-400'"))},
+        "x_make_cluster__mutmut_16": "gpus % per_node and gpus > per_node -> >=: at gpus == per_node the remainder is 0",
+        "x_pareto__mutmut_4": "float('inf') -> float('INF'): float() reads infinity in any case",
+        "x__divisors__mutmut_7": "range(1, n + 1) -> range(1, n + 2): n % (n + 1) is n, never 0 for n >= 1",
+        **{f"x__check__mutmut_{i}": f"_check's cp_impl given when cp > 1 -> {what}: at cp 1 check_model's Ulysses "
+           "test is heads % tp (refused just before it already) and its sequence test needs cp > 1"
+           for i, what in ((18, "always"), (19, "cp >= 1"))},
+        "x__check__mutmut_22": "_check's sp when tp > 1 -> tp >= 1: at tp 1 SP's seq % (tp x cp) is seq % cp, which "
+                               "check_model's CP test (seq % 2cp ring, seq % cp Ulysses) has refused first",
+    },
     "plan.hardware": {
         **{f"x_fit_alpha_beta__mutmut_{i}": f"the slope's {what}: adds 2 x {m} x sum({d}), and that sum is 0 (the "
            "mean's definition): the same least-squares slope in exact arithmetic, float rounding apart"
