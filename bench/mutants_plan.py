@@ -108,8 +108,9 @@ MARKED: dict[str, dict[str, str]] = {
         "x_predict__mutmut_265": "the loss all-reduce's calls argument 1 dropped: Links.time's default is 1",
         "x_predict__mutmut_312": "hflops' recompute == 'full' and rc_frac < 1 -> or: rc_frac < 1 needs recompute_layers, "
                                  "which Layout accepts only with recompute full",
-        "x_predict__mutmut_316": "hflops' rc_frac < 1 -> <= 1: at rc_frac 1, mflops + 1 x (hflops - mflops) is hflops "
-                                 "(FLOP counts are whole numbers: exact below 2**53; beyond, one rounding at most)",
+        "x_predict__mutmut_316": "hflops' rc_frac < 1 -> <= 1: at rc_frac 1, mflops + 1.0 x (hflops - mflops) is "
+                                 "hflops exactly (full recompute adds one forward: mflops <= hflops <= 2 mflops, so "
+                                 "the difference is exact by Sterbenz's lemma, and so is the sum)",
         "x_predict__mutmut_317": "hflops' rc_frac < 1 -> < 2: rc_frac is min(1.0, ...), so as <= 1 (mutmut_316)",
         "x__moe_tp_reduce__mutmut_3": _DEG1.format("the MoE TP gradient sum's tp > 1", "nothing else is computed"),
         "x__layer_time__mutmut_10": _KV.format("condition kv >= tp -> True (max(1, kv // tp) is 1 for kv < tp too)"),
