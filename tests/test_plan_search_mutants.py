@@ -239,3 +239,32 @@ def test_evaluate_fills_the_gpus_from_the_layout_and_checks_them():
     fast_p = evaluate("tiny-llama", Layout(dp_replicate=2), gpus_per_node=1, seq=64, global_batch=4)
     slow_p = evaluate("tiny-llama", Layout(dp_replicate=2), gpus_per_node=1, seq=64, global_batch=4, net=slow)
     assert slow_p.prediction.step_time_s > 10 * fast_p.prediction.step_time_s
+
+
+def _degrees(shape, gpus, per_node, seq, batch):
+    from coursekit.plan.search import layouts_of
+
+    return [(L.tp, L.cp, L.cp_impl, L.pp, L.virtual_stages, L.strategy, L.dp_shard, L.dp_replicate)
+            for L in layouts_of(shape, gpus, per_node, seq, batch)]
+
+
+def test_the_enumeration_visits_what_its_docstring_lists():
+    """cp only while each rank keeps >= 1024 tokens (seq 2048: cp 2 yes, cp 4 no; seq 1024: no cp) and seq splits
+    over 2 cp; ring and Ulysses for cp > 1, ring alone at cp 1; pp up to the layer count, v in 1, 2, 4 while
+    pp x v <= layers; ZeRO-2/3 and HSDP at pp 1; a dp the batch does not split skips that pp only; the sequence
+    check sees seq. Catches each bound shifted, `or` -> `and`, break for continue, return for break."""
+    got = _degrees(DENSE, 4, 4, 2048, 4)
+    cps = {(cp, impl) for _, cp, impl, *_ in got}
+    assert cps == {(1, "ring"), (2, "ring"), (2, "ulysses")}
+    assert {(g[3], g[4]) for g in got} == {(1, 1), (2, 1), (2, 2), (4, 1)}  # 4 layers: pp 2 x v 4 and pp 4 x v 2 overflow
+    assert {s for *_, s, _d, _r in got} >= {"ddp", "zero1", "zero2", "zero3", "fsdp2"}
+    assert all(cp == 1 for _, cp, *_ in _degrees(DENSE, 4, 4, 1024, 4))
+    assert _degrees(DENSE, 4, 4, 512, 4)  # short sequences still get cp 1 layouts
+    assert any(pp == 2 for *_, pp, _v, _s, _d, _r in _degrees(DENSE, 4, 4, 512, 2))  # dp 4 does not split 2: pp 2
+    two = replace(DENSE, layers=2)
+    assert any(tp == 2 for tp, *_ in _degrees(two, 8, 8, 512, 8))  # pp 4 > 2 layers ends tp 1's pp loop only
+    assert not any(tp == 4 for tp, *_ in _degrees(DENSE, 4, 4, 2050, 4))  # SP: 2050 tokens do not split over 4
+    assert any(cp == 4 for _, cp, *_ in _degrees(DENSE, 12, 4, 8192, 12))  # cp 3 (8192 % 6) skipped, cp 4 kept
+    hsdp = [g for g in _degrees(DENSE, 16, 8, 512, 16) if g[5] == "hsdp"]
+    assert (1, 1, "ring", 1, 1, "hsdp", 8, 2) in hsdp
+    assert not [g for g in _degrees(DENSE, 8, 2, 512, 8) if g[5] == "hsdp" and g[0] == 2]  # 1 rank per node left
