@@ -85,6 +85,18 @@ MARKED: dict[str, dict[str, str]] = {
         **{f"x__check__mutmut_{i}": f"_check's cp_impl given when cp > 1 -> {what}: at cp 1 check_model's Ulysses "
            "test is heads % tp (refused just before it already) and its sequence test needs cp > 1"
            for i, what in ((18, "always"), (19, "cp >= 1"))},
+        "xǁ_Evaluatorǁ__init____mutmut_1": "compile's default False -> True: both callers (evaluate, plan) pass it",
+        "x_layouts_of__mutmut_13": "seq // cp < 1024 -> seq / cp < 1024: for a whole bound N, floor(x) < N iff x < N",
+        "x_layouts_of__mutmut_16": "seq % (2 x cp) -> seq % (2 / cp): the layouts it lets through are refused by _check "
+                                   "(check_model: ring attention needs seq % 2cp, Ulysses seq % cp) before they are "
+                                   "yielded",
+        **{f"x_layouts_of__mutmut_{i}": f"the virtual stages at pp 1 {what}: Layout refuses virtual_stages > 1 "
+           "without pp > 1, and the loop skips what Layout refuses" for i, what in ((54, "-> (1, 2, 4)"),
+                                                                              (55, "pp >= 1"))},
+        "x_layouts_of__mutmut_60": "pp x v > layers: continue -> break: v runs 1, 2, 4 upward, so once pp x v is over "
+                                   "the layers every later v is too",
+        "x_layouts_of__mutmut_86": "a refused layout's continue -> break in the ep loop: there only Layout's ep rule "
+                                   "(no EP with DeepSpeed) refuses, for every ep > 1 alike, and ep 1 comes first",
         "x__check__mutmut_22": "_check's sp when tp > 1 -> tp >= 1: at tp 1 SP's seq % (tp x cp) is seq % cp, which "
                                "check_model's CP test (seq % 2cp ring, seq % cp Ulysses) has refused first",
     },
