@@ -37,10 +37,6 @@ MODULES: dict[str, list[str]] = {
                  "tests/test_plan.py::test_plot_marks_the_pareto_front"],
 }
 EQUIVALENT: dict[str, list[str]] = {
-    "plan.links": [
-        "left open (a bug, reported, not fixed): _placement's nodes = n // k -> n / k survives because n // k is wrong "
-        "where k does not divide n (FSDP over 12 ranks on 8-GPU nodes: 12 // 8 = 1 node, NVLink, though the group "
-        "spans 2); ceil(n / k) would need NCCL's model (coursekit.comm.nccl: n % nodes == 0) to take uneven nodes"],
     "plan.hardware": [
         "left open: _number's `isinstance(current, dict) and isinstance(v, dict)` -> `or` differs only for a "
         "mapping given to a scalar field or a scalar to a mapping field, which neither version refuses cleanly"],

@@ -108,3 +108,15 @@ def test_placements_of_expert_groups_single_ranks_and_a_stride_that_does_not_div
     assert links(Layout(tp=2, dp_shard=4, ep=4, engine="fsdp2"), 8).placement(("ep_rest",)) == (1, 1, 1)
     assert links(Layout(tp=2), 2).placement(("cp",)) == (1, 1, 1)
     assert links(Layout(tp=3, dp_replicate=8), 24).placement(("dp_replicate", "dp_shard", "cp")) == (8, 2, 4)
+
+
+def test_a_group_that_does_not_fill_its_last_node_spans_it():
+    """FSDP over 12 ranks on 8-GPU nodes (dp_shard 12 x pp 2 on 24 GPUs): 8 members per node, so 2 nodes, not
+    12 // 8 = 1 (which priced the group on NVLink); its all-gather crosses the network at min(NVLink 80, 8 NICs x 9)
+    = 72 GB/s, and NCCL's ring over 2 nodes has 11 steps of which 1 crosses: Simple's latency 8.4 + 10 x 3.4 + 14
+    = 56.4 us (tuning.cc's base, NVLink and network step latencies)."""
+    li = links(Layout(dp_shard=12, pp=2, engine="fsdp2"), 24)
+    assert li.placement(("dp_shard",)) == (12, 8, 2) and li.kind(("dp_shard",)) == "network"
+    assert li.nccl("all_gather", 64e6, ("dp_shard",)) == nccl.choose("all_gather", 64e6, 12, 2, 8 * NIC)
+    simple = [c for c in nccl.candidates("all_gather", 64e6, 12, 2, 8 * NIC) if c.protocol == "Simple"][0]
+    assert simple.latency_s == pytest.approx(56.4e-6)

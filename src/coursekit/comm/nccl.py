@@ -109,8 +109,8 @@ def candidates(op: str, nbytes: float, n: int, nodes: int, busbw: float, *, link
         raise ValueError(f"NCCL's tuning model prices {', '.join(TUNED)}, not {op!r}")
     if link not in LINKS or arch not in ARCHS:
         raise ValueError(f"link must be one of {LINKS} and arch one of {ARCHS}, got {link!r}, {arch!r}")
-    if n < 2 or nodes < 1 or n % nodes:
-        raise ValueError(f"need n >= 2 ranks spread evenly over nodes, got n {n}, nodes {nodes}")
+    if n < 2 or nodes < 1 or nodes > n:  # an uneven spread (12 ranks on 8 + 4) is priced as NCCL does: n / nodes
+        raise ValueError(f"need n >= 2 ranks on 1 to n nodes, got n {n}, nodes {nodes}")
     if protocols is None:  # LL128 by default on Hopper and later; on Ampere / Volta only over NVLink
         protocols = PROTOCOLS if (arch in ("hopper", "blackwell") or link == "nvlink") else ("LL", "Simple")
     out = []

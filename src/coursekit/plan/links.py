@@ -43,7 +43,7 @@ class Links:
             n = math.prod(self.deg[a] for a in axes)
         g = self.c.gpus_per_node
         k = 1 if stride >= g else max(1, min(n, g // stride))
-        return n, k, max(1, n // k)
+        return n, k, -(-n // k)  # a group of 12 with 8 per node spans 2 nodes
 
     def kind(self, axes: tuple) -> str:
         n, k, nodes = self.placement(axes)
