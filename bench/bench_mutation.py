@@ -121,11 +121,12 @@ MARKED: dict[str, dict[str, str]] = {
 
 
 # Further modules, each area's tests and marks in a file of its own (same three tables, merged here)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mutants_memory  # noqa: E402 - bench/ scripts are not a package
-import mutants_plan  # noqa: E402
+# (bench/mutants_*.py: every file found is merged, so an area's tables stay in one file a person edits)
+import importlib  # noqa: E402
 
-for _area in (mutants_memory, mutants_plan):
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ scripts are not a package
+for _path in sorted(Path(__file__).resolve().parent.glob("mutants_*.py")):
+    _area = importlib.import_module(_path.stem)
     for _table, _more in ((MODULES, _area.MODULES), (EQUIVALENT, _area.EQUIVALENT), (MARKED, _area.MARKED)):
         assert not set(_table) & set(_more), f"{_area.__name__}: module listed twice"
         _table.update(_more)
