@@ -194,20 +194,12 @@ class ZeRO(rules.ZeRO, Strategy):
         raise NotImplementedError("DCP checkpoints of a DeepSpeed engine are not supported (see --ckpt-dir)")
 
 
-class Zero0(ZeRO):
-    name = "zero0"
+def _stage(named: type) -> type:
+    """The engine for one stage: its name (and so its registry stage) from ``rules``' class of that stage."""
+    return type(named.__name__, (named, ZeRO), {"__module__": __name__, "__qualname__": named.__name__})
 
 
-class Zero1(ZeRO):
-    name = "zero1"
-
-
-class Zero2(ZeRO):
-    name = "zero2"
-
-
-class Zero3(ZeRO):
-    name = "zero3"
+Zero0, Zero1, Zero2, Zero3 = (_stage(c) for c in (rules.Zero0, rules.Zero1, rules.Zero2, rules.Zero3))
 
 
 def _import_deepspeed(device: str):
