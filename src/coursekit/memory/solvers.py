@@ -88,11 +88,11 @@ def min_gpus(model, gpu: str | None = None, *, max_gpus: int = 1 << 16, **kwargs
     if cfg.hsdp_shard or not engines.get(cfg.engine).shards_over_dp(cfg):
         raise ConfigError("does not fit, and more data-parallel ranks do not shard this configuration's state")
     ok = lambda n: _fits(shape, replace(cfg, dp=n, world=None), cap) is not None  # noqa: E731
-    lo, hi = 1, 2  # dp=1 does not fit; from dp=2 on, per-rank memory only falls as dp grows
-    while hi < max_dp and not ok(hi):
+    lo, hi = 1, min(2, max_dp)  # dp=1 does not fit; from dp=2 on, per-rank memory only falls as dp grows
+    while not (hi > lo and ok(hi)):  # each dp estimated once; none past max_dp (max_dp 1: nothing left to try)
+        if hi >= max_dp:
+            raise ConfigError(f"does not fit on {max_gpus} GPUs of {gpu or cfg.gpu}")
         lo, hi = hi, min(2 * hi, max_dp)
-    if not ok(hi):
-        raise ConfigError(f"does not fit on {max_gpus} GPUs of {gpu or cfg.gpu}")
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
