@@ -8,7 +8,8 @@ What one rank of N holds (measured on 2 gloo ranks in tests/test_fsdp_qlora.py):
 - NF4 base, every q/k/v/o/gate/up/down weight of n elements (torchao ``NF4Tensor``; FSDP2 shards each inner tensor
   on dim 0, so each must split evenly over N): 4-bit data n/2 bytes, int8 block scalers n/block, fp32 scaler factors
   4·n/(block·scaler_block), all divided by N, plus a replicated fp32 mean and 16-entry NF4 table (68 bytes);
-- the unquantized rest (embeddings, norms, head, biases): frozen, in the master dtype, FSDP2's padded dim-0 shards;
+- the unquantized rest (embeddings, norms, head, biases; Qwen3's q/k head norms; Qwen2's o_proj has no bias):
+  frozen, in the master dtype, FSDP2's padded dim-0 shards (dense models only: an MoE layer's experts are refused);
 - LoRA adapters on the targeted projections: lora_A (r, in) and lora_B (out, r), padded dim-0 shards, with their
   gradients (same layout) and AdamW states (``zeros_like`` the unpadded local rows, plus one fp32 step each).
 
@@ -45,6 +46,9 @@ def check(shape, c) -> None:
     """Refuse what torchao's NF4Tensor or this model refuses, with the reason."""
     if shape.arch != "llama":
         raise ConfigError(f"qlora is modelled for Llama-style projections ({', '.join(TARGETS)}), not {shape.arch}")
+    if shape.experts:
+        raise ConfigError(f"qlora is modelled for dense blocks (one gate/up/down MLP), not {shape.experts} experts: "
+                          "an MoE layer's experts are other tensors (fused per layer, not nn.Linear)")
     if c.tp > 1 or c.pp > 1:
         raise ConfigError("qlora is modelled for FSDP2 / HSDP without tp or pp")
     if c.offload != "none" or c.offload_params != "none":
@@ -73,11 +77,12 @@ def unit_dims(shape, c):
     (dim 0, elements per dim-0 row) in the master dtype."""
     h, V, r = shape.hidden, shape.vocab, c.lora_rank
     p = projections(shape)
-    bias = {"q_proj": shape.qkv_bias, "k_proj": shape.qkv_bias, "v_proj": shape.qkv_bias, "o_proj": shape.qkv_bias,
+    bias = {"q_proj": shape.qkv_bias, "k_proj": shape.qkv_bias, "v_proj": shape.qkv_bias, "o_proj": shape.o_bias,
             "gate_proj": shape.mlp_bias, "up_proj": shape.mlp_bias, "down_proj": shape.mlp_bias}
     weights = [i * o for i, o in p.values()]
     adapters = [d for t in c.lora_targets for d in ((r, p[t][0]), (p[t][1], r))]
-    frozen = [(p[t][1], 1) for t in TARGETS if bias[t]] + [(h, 1), (h, 1)]  # biases, two RMSNorms
+    qk_norms = [(shape.head_dim, 1)] * 2 if shape.qk_norm else []  # qwen3's RMSNorm over each q and k head
+    frozen = [(p[t][1], 1) for t in TARGETS if bias[t]] + qk_norms + [(h, 1), (h, 1)]  # biases, norms, two RMSNorms
     root = [(V, h), (h, 1)] + ([] if shape.tied_embeddings else [(V, h)])
     return [(weights, adapters, frozen)] * shape.layers + [([], [], root)]
 
