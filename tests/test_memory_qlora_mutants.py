@@ -81,6 +81,10 @@ def test_nf4_pieces_whole_bytes():
                                                        "gate_proj, up_proj, down_proj, got q_proj, c_attn"),
     (shape(), conf(lora_targets=()), "lora targets must be among q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
                                      "down_proj, got -"),
+    # hidden 3, q / kv width 2, ffn 5: q, k, v, o have 6 elements, gate is the first odd one, 15 (out x in)
+    (shape(hidden=3, q_width=2, kv_width=2, ffn=5), conf(),
+     "NF4 packs two 4-bit codes a byte: gate_proj (5x3 = 15 elements) must have an even number of elements "
+     "(torchao's NF4Tensor refuses an odd one)"),
     # hidden 2, q / kv width 3: q's 6 elements are not blocks of 4
     (shape(hidden=2, q_width=3, kv_width=3, ffn=3), conf(nf4_block=4),
      "NF4 block sizes must divide q_proj (3x2 = 6 elements): need n % block == 0 and (n / block) % scaler_block "

@@ -63,6 +63,9 @@ def check(shape, c) -> None:
     N, b, sb = c.shard_degree, c.nf4_block, c.nf4_scaler_block
     for name, (i, o) in projections(shape).items():
         n = i * o
+        if n % 2:
+            raise ConfigError(f"NF4 packs two 4-bit codes a byte: {name} ({o}x{i} = {n} elements) must have an even "
+                              "number of elements (torchao's NF4Tensor refuses an odd one)")
         if n % b or (n // b) % sb:
             raise ConfigError(f"NF4 block sizes must divide {name} ({o}x{i} = {n} elements): need n % block == 0 and "
                               f"(n / block) % scaler_block == 0 (block {b}, scaler_block {sb}; "
