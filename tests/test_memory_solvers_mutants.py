@@ -144,15 +144,16 @@ def test_max_seq_len_in_units_of_multiple_of_cp_and_sp_tp(stub):
 
 def test_max_seq_len_without_sp_tp_does_not_count(stub):
     stub.peak = lambda c: c.seq
-    stub.cap = 200
-    # unit = cp 2 (multiple_of 1; tp 4 without sp is no factor): 100 units of 2 tokens = 200 <= 200
-    assert max_seq_len("rope", "H100-80GB", batch=1, cp=2, tp=4) == 200
+    stub.cap = 203
+    # unit = cp 2 (multiple_of 1; tp 4 without sp is no factor): 101 units of 2 tokens = 202 <= 203
+    assert max_seq_len("rope", "H100-80GB", batch=1, cp=2, tp=4) == 202
     stub.calls.clear()
     assert max_seq_len("rope", "H100-80GB", batch=1, tp=4, sp=True) == 200  # unit tp 4 (cp 1): 50 units
     assert stub.calls[0].seq == 4
     stub.calls.clear()
-    assert max_seq_len("rope", "H100-80GB", batch=1, multiple_of=7) == 196  # unit 7: 28 units (203 > 200)
+    assert max_seq_len("rope", "H100-80GB", batch=1, multiple_of=7) == 203  # unit 7: 29 units
     assert stub.calls[0].seq == 7
+    assert max_seq_len("rope", "H100-80GB", batch=1, sp=True) == 203  # sp without tp: tp 1, unit 1
 
 
 def test_max_seq_len_limits(stub):
@@ -182,6 +183,9 @@ def test_min_gpus_brackets_by_doubling_then_bisects(stub):
     # dp 1 (no), then 2, 4, 8, 16 (no), 32 (yes); bisect (16, 32): 24 y, 20 y, 18 n, 19 n; the answer estimated
     assert [c.dp for c in stub.calls] == [1, 2, 4, 8, 16, 32, 24, 20, 18, 19, 20]
     assert stub.gpus == ["H100-80GB"]
+    # dropped before the configuration is built: dp 3 · tp 2 != world 16, world 7 not a multiple of tp 2
+    assert min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=2, dp=3, world=16).config.dp == 20
+    assert min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=2, world=7).config.world == 40
 
 
 def test_min_gpus_one_rank_fits(stub):
@@ -210,6 +214,10 @@ def test_min_gpus_caps_dp_at_max_gpus_over_a_replica(stub):
     e = min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=2, max_gpus=40)
     assert (e.config.dp, e.config.world) == (20, 40)
     assert [c.dp for c in stub.calls] == [1, 2, 4, 8, 16, 20, 18, 19, 20]
+    # 42 GPUs: dp <= 21: 2, 4, 8, 16, 21 (fits); bisect (16, 21): 18 n, (18, 21): 19 n, (19, 21): 20 y
+    stub.calls.clear()
+    assert min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=2, max_gpus=42).config.dp == 20
+    assert [c.dp for c in stub.calls] == [1, 2, 4, 8, 16, 21, 18, 19, 20, 20]
     # 38 GPUs: dp <= 19 (38 // 2), which does not fit
     stub.calls.clear()
     with pytest.raises(ConfigError, match="^does not fit on 38 GPUs of H100-80GB$"):
@@ -230,7 +238,7 @@ def test_min_gpus_never_goes_past_max_gpus(stub):
     stub.cap = 600
     with pytest.raises(ConfigError, match="^does not fit on 8 GPUs of H100-80GB$"):
         min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=8, max_gpus=8)
-    assert all(c.dp * c.tp <= 8 for c in stub.calls)
+    assert [c.dp for c in stub.calls] == [1]  # dp 1 only, and once
     with pytest.raises(ConfigError, match="^does not fit on 3 GPUs of H100-80GB$"):  # 3 // 2 -> dp <= 1
         min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=2, max_gpus=3)
     stub.cap = 1000  # dp 1 fits: the 8 GPUs of one replica
@@ -249,6 +257,14 @@ def test_min_gpus_refuses_what_dp_does_not_shard(stub):
     assert min_gpus("rope", "H100-80GB", batch=1, seq=8, engine="fsdp2").config.dp == 100  # 1000 / 100 <= 10
 
 
+def test_min_gpus_starts_from_one_rank_whatever_the_run_says(stub):
+    # the trainer's vocabulary: fsdp2 over dp_shard 8 is built as dp 8; the search starts from dp 1 again
+    stub.peak = lambda c: 1000 / c.dp
+    stub.cap = 300  # 1000 / 4 = 250 fits, 1000 / 3 = 333 not
+    assert min_gpus("rope", "H100-80GB", micro_batch=1, seq=8, strategy="fsdp2", dp_shard=8).config.dp == 4
+    assert [c.dp for c in stub.calls] == [1, 2, 4, 3, 4]
+
+
 def test_min_gpus_hsdp_is_one_shard_group(stub):
     # HSDP: memory depends on the shard group (4 ranks), not on dp: one estimate at dp 4
     stub.peak = lambda c: 1000 / c.hsdp_shard + c.dp
@@ -260,3 +276,8 @@ def test_min_gpus_hsdp_is_one_shard_group(stub):
     with pytest.raises(ConfigError, match="do not shard"):  # more replicas would not help
         min_gpus("rope", "H100-80GB", batch=1, seq=8, engine="fsdp2", hsdp_shard=4)
     assert [c.dp for c in stub.calls] == [4, 4]
+    # with dp_replicate given (the trainer's names), dp is left to the run: replicas x shard group, then one group
+    stub.cap = 254
+    stub.calls.clear()
+    e = min_gpus("rope", "H100-80GB", micro_batch=1, seq=8, strategy="hsdp", dp_replicate=2, hsdp_shard=4)
+    assert (e.config.dp, e.config.hsdp_shard) == (4, 4) and [c.dp for c in stub.calls] == [4]

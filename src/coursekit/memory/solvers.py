@@ -77,12 +77,11 @@ def min_gpus(model, gpu: str | None = None, *, max_gpus: int = 1 << 16, **kwargs
     if kwargs.get("hsdp_shard") and kwargs.get("dp_replicate") is None:
         kwargs["dp"] = kwargs["hsdp_shard"]  # one shard group to start from
     base = vocab.config(kwargs)
-    cfg = replace(base, dp=base.hsdp_shard or 1, world=None)  # dp must be a multiple of an HSDP shard group
+    # from dp 1; HSDP: from one shard group (dp must be a multiple of it; memory depends on it, not on dp)
+    cfg = replace(base, dp=base.hsdp_shard or 1, world=None)
     cap = _capacity(cfg, gpu)
     per_replica = cfg.tp * cfg.pp * cfg.cp
     max_dp = max(1, max_gpus // per_replica)
-    if cfg.hsdp_shard:  # HSDP: memory depends on the shard group, not on dp; dp must be a multiple of it
-        cfg = replace(cfg, dp=cfg.hsdp_shard, world=None)
     if (e := _fits(shape, cfg, cap)) is not None:
         return e
     if cfg.hsdp_shard or not engines.get(cfg.engine).shards_over_dp(cfg):
