@@ -21,8 +21,10 @@ MODULES: dict[str, list[str]] = {
     "memory.deepspeed": _ESTIMATE + ["tests/test_memory_deepspeed_mutants.py"],  # DeepSpeed's rules by hand
     "memory.calculator": _ESTIMATE + ["tests/test_memory_calculator_mutants.py"],  # the sums, with stubs
     "memory.shapes": _ESTIMATE + ["tests/test_memory_presets.py", "tests/test_memory_engines_mutants.py"],
-    # torchtitan's per-op policy measured with torch on CPU (one process) and its refusals; not the launches
-    "memory.op_recompute": ["tests/test_recompute_op.py::test_op_saved_bytes_equal_the_calculator_to_the_byte",
+    # torchtitan's per-op policy by hand, and measured with torch on CPU (one process), its refusals; not the launches
+    # (op_recompute's own tests first: by hand, no torch; activation_bytes is cached, so they call it directly)
+    "memory.op_recompute": ["tests/test_memory_op_recompute_mutants.py",
+                            "tests/test_recompute_op.py::test_op_saved_bytes_equal_the_calculator_to_the_byte",
                             "tests/test_recompute_op.py::test_op_kernels_and_biases_equal_the_calculator",
                             "tests/test_recompute_op.py::test_every_second_mm_is_recomputed",
                             "tests/test_recompute_op.py::test_the_policy_counts_forward_and_recompute_apart",
@@ -30,7 +32,7 @@ MODULES: dict[str, list[str]] = {
                             "tests/test_recompute_op.py::test_flops_and_planner_accept_op",
                             "tests/test_recompute_op.py::test_memory_cli_op_and_bad_value_in_one_line",
                             "tests/test_memory_flops.py"],
-    "memory.solvers": _ESTIMATE,
+    "memory.solvers": _ESTIMATE + ["tests/test_memory_solvers_mutants.py"],  # the searches, with a stub estimate
     "memory.train_config": _ESTIMATE + ["tests/test_memory_train_config_mutants.py"],  # every refusal, whole
 }
 EQUIVALENT: dict[str, list[str]] = {}
@@ -44,6 +46,20 @@ _PER_ELEMENT = ("the per-element formula call's {}: that StateBytes is read only
 _BELOW_MIN = ("a gradient fragment below the 1 MiB minimum: {}; q <= p, so q·4 < min_bytes too and the second test "
               "adds 0 either way")
 MARKED: dict[str, dict[str, str]] = {
+    "memory.op_recompute": {
+        "x__linears__mutmut_49": "count += not biased -> -= : only count % 2 is read, and -n % 2 == n % 2 (Python's "
+                                 "% of a positive modulus is never negative), so the same mms are kept",
+    },
+    "memory.solvers": {
+        **{f"x_max_micro_batch__mutmut_{i}": f"the kwargs' filter 'batch' -> {what}: the config is built from "
+           "{**kwargs, 'batch': 1}, which overrides a given batch either way" for i, what in
+           ((5, "'XXbatchXX'"), (6, "'BATCH'"))},
+        "x_max_micro_batch__mutmut_13": "the first config's batch 1 -> 2: every estimate replaces it (replace(cfg, "
+                                        "batch=b)), no field is derived from it, and _capacity reads only its gpu",
+        **{f"x_max_seq_len__mutmut_{i}": f"the kwargs' filter 'seq' -> {what}: the config is built from "
+           "{**kwargs, 'seq': unit}, which overrides a given seq either way" for i, what in
+           ((6, "'XXseqXX'"), (7, "'SEQ'"))},
+    },
     "memory.train_config": {
         "xǁTrainConfigǁ__post_init____mutmut_76": "getattr(engine, 'autocast', False) -> default None: read as `not "
                                                   "...`, None and False both refuse",
