@@ -107,7 +107,8 @@ class ModelShape:
         s(self, "ffn", positive_int("ffn", self.ffn if self.ffn is not None else 4 * self.hidden))
         if self.head_dim is None and self.hidden % self.heads:
             raise ConfigError(f"hidden ({self.hidden}) is not divisible by heads ({self.heads}); give head_dim")
-        s(self, "head_dim", positive_int("head_dim", self.head_dim or self.hidden // self.heads))
+        s(self, "head_dim", positive_int("head_dim", self.head_dim if self.head_dim is not None
+                                         else self.hidden // self.heads))
         if self.heads % self.kv_heads:
             raise ConfigError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         s(self, "tied_embeddings", tied if self.tied_embeddings is None else bool(self.tied_embeddings))
@@ -140,7 +141,7 @@ class ModelShape:
         if self.top_k > self.experts:
             raise ConfigError(f"top_k {self.top_k} is more than the {self.experts} experts")
         if self.expert_ffn is not None:
-            positive_int("expert_ffn", self.expert_ffn)
+            s(self, "expert_ffn", positive_int("expert_ffn", self.expert_ffn))
         s(self, "norm_topk", True if self.family == "mixtral" else bool(self.norm_topk))
         if not (isinstance(self.aux_loss_coef, (int, float)) and 0 <= self.aux_loss_coef < float("inf")):
             raise ConfigError(f"aux_loss_coef must be a finite number >= 0, got {self.aux_loss_coef!r}")
