@@ -1,5 +1,5 @@
 """bench/bench_mutation.py's tables for coursekit.plan (steptime, search, layout, links, hardware,
-overlap, cli): module -> fast tests, survivor kinds in words, and equivalent
+overlap, cli, calibrate, measure): module -> fast tests, survivor kinds in words, and equivalent
 mutants one by one (mutmut's name without the module's prefix -> why no input can tell it from the code). Merged
 into bench_mutation's MODULES / EQUIVALENT / MARKED."""
 
@@ -35,6 +35,11 @@ MODULES: dict[str, list[str]] = {
                  "tests/test_plan.py::test_plain_output_says_why_the_best_win",
                  "tests/test_plan.py::test_layout_evaluates_one_given_layout",
                  "tests/test_plan.py::test_plot_marks_the_pareto_front"],
+    # one process, no launch: the calibrations' child process and trainer runs stubbed, the DTensor calibration's
+    # own work run here (a slow-tier test: three model builds, ~3-10 s; the default tier leaves it out)
+    "plan.calibrate": ["tests/test_plan_calibrate_mutants.py"],
+    # one process, no launch: the rates around a stubbed timer, the launching functions' arguments and answers stubbed
+    "plan.measure": ["tests/test_plan_measure_mutants.py"],
 }
 EQUIVALENT: dict[str, list[str]] = {
     "plan.hardware": [
