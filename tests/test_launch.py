@@ -305,3 +305,77 @@ def test_a_quiet_launch_in_a_notebook_says_when_each_run_starts_and_ends(monkeyp
     assert capsys.readouterr().out.splitlines() == [
         "[launch] coursekit.train on 4 rank(s) --strategy hsdp --dp-replicate 2 …",
         "[launch] coursekit.train: done in 12.3 s"]
+
+
+def test_the_trainer_forks_from_an_agent_that_preloaded_the_run(monkeypatch):
+    """On CPU a module target whose package has ``preload(args)`` (coursekit.train) runs in workers torchrun forks from
+    its agent (torchrun's own --run-path mode, on the package's __main__.py) after ``preload(args)``; a script, a
+    package without preload, a command that names its start method and $COURSEKIT_LAUNCH_FORK=0 keep one interpreter
+    per worker."""
+    from pathlib import Path
+
+    import coursekit.train
+    from coursekit import launch as launcher
+
+    seen = []
+    monkeypatch.setattr(coursekit.train, "preload", seen.append)
+    monkeypatch.setattr(os, "register_at_fork", lambda **kw: seen.append(kw))  # not this test process's forks
+    monkeypatch.setenv("COURSEKIT_DEVICE", "cpu")
+    monkeypatch.delenv(launcher.FORK_ENV, raising=False)
+    head = ["--standalone", "--nproc-per-node", "2", "--tee", "3"]
+    main = str(Path(coursekit.train.__file__).with_name("__main__.py"))
+    assert launcher._forking([*head, "-m", "coursekit.train", "--steps", "1"]) == [
+        *head, "--run-path", "--start-method", "fork", main, "--steps", "1"]
+    assert seen == [["--steps", "1"], {"after_in_child": launcher._fresh_signals}]
+    for argv in ([*head, "job.py", "--steps", "1"], [*head, "-m", "coursekit.memory", "--model", "gpt2"],
+                 [*head, "--start-method", "spawn", "-m", "coursekit.train"]):
+        assert launcher._forking(list(argv)) == argv
+    monkeypatch.setenv(launcher.FORK_ENV, "0")
+    assert launcher._forking([*head, "-m", "coursekit.train"]) == [*head, "-m", "coursekit.train"]
+    assert len(seen) == 2  # preload ran once, for the one forked case
+
+
+def test_a_forked_worker_gets_a_fresh_interpreters_signal_handlers():
+    """torchrun's agent raises on SIGTERM / SIGINT / SIGHUP / SIGQUIT; a forked worker must die on SIGTERM as a
+    fresh one does (default action) and raise KeyboardInterrupt on SIGINT."""
+    import signal
+
+    from coursekit.launch import _fresh_signals
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        for s in old:
+            signal.signal(s, lambda *a: None)
+        _fresh_signals()
+        assert [signal.getsignal(s) for s in old] == [signal.SIG_DFL, signal.default_int_handler, signal.SIG_DFL,
+                                                      signal.SIG_DFL]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def test_forked_trainer_workers_train_as_fresh_interpreters_do(tmp_path, no_orphans):
+    """The same DDP run (attention dropout 0.1: every step draws random numbers on each rank) with forked workers and
+    with one interpreter per worker: the same loss at every step and the same weights after, each rank saying how it
+    started; a crashing forked rank is named with its own frames (not torchrun's wrapper's)."""
+    import json
+
+    from coursekit.memory import preset
+    from coursekit.memory.presets import to_hf_config_dict
+    from coursekit.launch import FORK_ENV
+
+    cfg = tmp_path / "tiny-llama-dropout.json"
+    cfg.write_text(json.dumps(to_hf_config_dict(preset("tiny-llama").with_(attn_dropout=0.1))))
+    args = ["--strategy", "ddp", "--model", str(cfg), "--steps", "3", "--seq", "16", "--quiet"]
+    runs = {how: launch("coursekit.train", args, nproc=2, timeout=240, stream=False, env={FORK_ENV: flag}).results
+            for how, flag in (("forked", "1"), ("interpreter", "0"))}
+    for how, ranks in runs.items():
+        assert [r["final"]["worker"] for r in ranks] == [how, how]
+    fork, fresh = runs["forked"], runs["interpreter"]
+    assert [s["loss"] for s in fork[0]["steps"]] == [s["loss"] for s in fresh[0]["steps"]]
+    assert len({s["loss"] for s in fork[0]["steps"]}) == 3
+    assert [r["final"]["param_sq_sum"] for r in fork] == [r["final"]["param_sq_sum"] for r in fresh]
+    with pytest.raises(LaunchError) as e:
+        launch("coursekit.train", [*args, "--crash-at-step", "1"], nproc=2, timeout=240, stream=False)
+    assert "injected failure at step 1" in e.value.traceback
+    assert "run_script_path" not in e.value.traceback and "coursekit/train/loop.py" in e.value.traceback

@@ -7,7 +7,8 @@ How it works
   * ``sys.executable -c AGENT``: torchrun's main (so it works from a notebook kernel whose PATH lacks the venv),
     whose process leaves without its interpreter's teardown once the job succeeded,
     ``--standalone`` (the agent binds a free port itself), ``--tee 3`` so every worker line comes back and
-    is re-prefixed ``[rank N]``; per-rank logs also land in a private temporary folder.
+    is re-prefixed ``[rank N]``; per-rank logs also land in a private temporary folder. On CPU a target that can
+    be preloaded (``coursekit.train``) runs in workers forked from the agent once it imported the run (``agent``).
   * Workers call ``report(obj)``; it writes ``$COURSEKIT_RESULTS_DIR/rank-<RANK>.json``. The launcher reads the
     files back into ``LaunchResult.results`` (a list indexed by rank).
   * Timeout or failure: SIGTERM to the agent and every descendant it started (torchrun puts workers in their own
@@ -17,7 +18,10 @@ How it works
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -117,9 +121,8 @@ def finish(rc: int = 0):
     waits for the slowest worker, so every launch paid it. Outside a launch, under ``--diagnose``'s wrapper (whose
     exit dump runs after the target returns), or while the worker still has child processes (DCP's async process,
     inductor's compile workers: their atexit hooks stop them), this is a plain ``sys.exit``."""
-    import psutil
-
-    if (os.environ.get(RESULTS_ENV) and not os.environ.get("COURSEKIT_FR_DIR")
+    # a worker the agent forked (``agent``) hands its exit to torchrun's wrapper, which leaves without teardown
+    if (os.environ.get(RESULTS_ENV) and not os.environ.get("COURSEKIT_FR_DIR") and not multiprocessing.parent_process()
             and not psutil.Process().children(recursive=True)):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -205,6 +208,10 @@ def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
             per_rank[int(f.parent.name)] = (f.read_text(errors="replace"), f.stat().st_mtime)
         except ValueError:
             continue
+    for f in logdir.rglob("error.json"):  # a forked worker's (``agent``): torchrun's wrapper wrote its traceback here
+        with contextlib.suppress(ValueError, KeyError, TypeError, OSError):
+            r, tb = int(f.parent.name), _frames_of_the_job(json.loads(f.read_text())["message"]["extraInfo"]["py_callstack"])
+            per_rank[r] = (per_rank.get(r, ("", 0))[0] + "\n" + tb, f.stat().st_mtime)
     failed = [r for r, (text, _) in per_rank.items() if "Traceback" in text]
     m = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", log, re.S)
     rank = int(m.group(1)) if m else None
@@ -221,6 +228,17 @@ def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
                          if rank is None or ln.startswith(f"[rank {rank}]"))
     k = text.rfind("Traceback (most recent call last)")
     return rank, (text[k:].strip() if k >= 0 else text.strip()[-4000:])
+
+
+_WRAPPER_FRAME = re.compile(r'  File "(<frozen runpy>|[^"]*/torch/distributed/(run\.py|elastic/)[^"]*)"')
+
+
+def _frames_of_the_job(tb: str) -> str:
+    """A traceback without the frames of torchrun's wrapper and runpy that run a forked worker's script (the last
+    frame, which carries the exception's lines, always stays)."""
+    head, _, rest = tb.partition("\n")
+    frames = [f for f in re.split(r"(?m)^(?=  File )", rest) if f]
+    return head + "\n" + "".join([f for f in frames[:-1] if not _WRAPPER_FRAME.match(f)] + frames[-1:])
 
 
 def _sigterm_raises():
@@ -305,8 +323,55 @@ def notebook_progress(target: str, args, nproc: int, *, by: str = "launch", rank
 # torchrun's agent (``torch.distributed.run``'s main) that leaves at once when the job succeeded: its interpreter
 # imported torch, and tearing it down after the job is over cost every launch ~0.5 s on 2 CPU cores (the workers
 # skip theirs: ``finish``). A failure raises as under ``-m torch.distributed.run`` (its summary, exit code 1).
-AGENT = ("import os, sys; from torch.distributed.run import main; main(); sys.stdout.flush(); sys.stderr.flush(); "
-         "os._exit(0)")
+AGENT = "from coursekit.launch import agent; agent()"
+FORK_ENV = "COURSEKIT_LAUNCH_FORK"  # "0": every worker its own interpreter, even where the target could be forked
+
+
+def agent(argv=None) -> None:
+    """torchrun's main in this process, then ``os._exit(0)`` once the job succeeded (see AGENT).
+
+    A module target whose package defines ``preload(args)`` (``coursekit.train``) on CPU: the agent imports what the
+    run needs once (torch, transformers, the model's modules) and torchrun forks the workers from it
+    (``--run-path --start-method fork``: torchrun's own way to run a script in forked workers, here the package's
+    ``__main__.py``), so no worker starts an interpreter or imports torch itself (~2/3 of a small run's wall time on
+    2 cores). Not on CUDA (a process must not fork after the driver is touched, and the workers are
+    separate interpreters there as ever), not under ``$COURSEKIT_LAUNCH_FORK=0``, nor when the command already
+    names a start method."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _forking(argv)
+    from torch.distributed.run import main
+
+    main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _forking(argv: list) -> list:
+    """The torchrun argv for forked workers of a preloaded target (see ``agent``), or ``argv`` as it is."""
+    if (os.environ.get(FORK_ENV) == "0" or "-m" not in argv or {"--start-method", "--run-path", "-r"} & set(argv)
+            or (os.environ.get("COURSEKIT_DEVICE", "").lower() != "cpu" and Path("/dev/nvidiactl").exists())):
+        return argv
+    i = argv.index("-m")
+    target, args = argv[i + 1], argv[i + 2:]
+    try:
+        preload = getattr(importlib.import_module(target), "preload", None)
+        main = importlib.util.find_spec(f"{target}.__main__") if preload else None
+    except ImportError:  # torchrun reports it, as for any target
+        return argv
+    if main is None or not main.origin:
+        return argv
+    preload(args)
+    os.register_at_fork(after_in_child=_fresh_signals)
+    return [*argv[:i], "--run-path", "--start-method", "fork", main.origin, *args]
+
+
+def _fresh_signals() -> None:
+    """A forked worker's signals as a fresh interpreter has them: torchrun's agent handles SIGTERM, SIGINT, SIGHUP
+    and SIGQUIT by raising an exception (its way to stop its own loop), which a worker would inherit."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _torchrun(target: str, is_script: bool, args, *, nproc: int, max_restarts: int, logdir: Path, results_dir: Path,

@@ -13,7 +13,9 @@ micro-batch × grad-accum × data-parallel ranks, the same at every layout, so r
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import sys
 
 
@@ -44,3 +46,25 @@ def main(argv=None) -> int:
             gc.enable()
     report(out)
     return 0
+
+
+def preload(argv) -> None:
+    """What a run imports, imported ahead of it: ``coursekit.launch.agent`` calls this once and then forks every
+    worker from its process, so the workers start with torch, transformers and the model's modules loaded (frozen
+    out of the collector, as ``main`` does). Imports only: nothing is built or computed here (a forked process must
+    not inherit torch's thread pools), and bad arguments are left to the workers, which report them."""
+    gc.disable()
+    try:
+        from coursekit.options import parse
+        from coursekit.train.loop import preload_run, prepare
+
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # argparse's message: the workers print it
+                opts = parse(argv)
+        except (SystemExit, ValueError):
+            return
+        prepare(opts)
+        preload_run(opts)
+    finally:
+        gc.freeze()
+        gc.enable()

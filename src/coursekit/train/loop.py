@@ -12,15 +12,24 @@ and ``final`` (what it holds, measured on the last step).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import importlib
 import json
+import multiprocessing
 import os
 import time
 
 from coursekit.memory.calculator import resolve_model
 from coursekit.models import model_class
 from coursekit.parallel.compose import model_parts
+from coursekit.spec import registry
 from coursekit.spec.families import plan_for
+
+
+# what ``run`` imports inside (torch and the run's set-up: the CLI process imports this file without them)
+RUN_MODULES = ("coursekit.dist", "coursekit.parallel.run", "coursekit.parallel.validate", "coursekit.profiling",
+               "coursekit.profiling.faults", "coursekit.profiling.stragglers", "coursekit.train.checkpoint")
 
 
 def prepare(opts) -> None:
@@ -31,6 +40,15 @@ def prepare(opts) -> None:
         model_class(opts.train.model, attention=opts.train.attention)
     except (ValueError, KeyError, OSError):
         pass
+
+
+def preload_run(opts) -> None:
+    """The modules ``run`` and its strategy import, imported ahead of it (``coursekit.train.preload``; no effect but
+    the imports). A name the registry does not know is left to the run's own error."""
+    for name in RUN_MODULES:
+        importlib.import_module(name)
+    with contextlib.suppress(ValueError, KeyError, ImportError):
+        registry.get(opts.parallel.strategy)
 
 
 def run(opts) -> dict:
@@ -173,6 +191,7 @@ class _Loop:
                 "backend": info.backend, "device": info.device, "micro_batch": t.micro_batch,
                 "global_batch": t.global_batch, "grad_accum": t.grad_accum, "seq": t.seq,
                 "dtype": t.dtype, "resumed_from_step": self.resumed, "restart_count": restart_count(),
+                "worker": "forked" if multiprocessing.parent_process() else "interpreter",  # launch.agent's start
                 **started, "num_params": self.run.num_params, "param_sq_sum": strategy.param_sq_sum(),
                 **use, "stragglers": stragglers, **(self.ckpt.stats() if self.ckpt else {}), **self.step_counts,
                 **(strategy.last_state_bytes or {})}
