@@ -15,6 +15,10 @@ MODULES: dict[str, list[str]] = {
     "memory.vocab": _ESTIMATE + ["tests/test_memory_vocab_mutants.py"],  # every refusal whole, what the run carries
     # the fsdp2 engine's QLoRA bytes by hand (~2 s) and the module's own refusals and pieces
     "memory.qlora": _ESTIMATE + ["tests/test_memory_engines_mutants.py", "tests/test_memory_qlora_mutants.py"],
+    # the presets against transformers' models on the meta device (no weights), ~20 s
+    "memory.presets": _ESTIMATE + ["tests/test_memory_presets.py"],
+    # the command line in process: parser, keywords, refusals, stub solvers and estimate
+    "memory.cli": _ESTIMATE + ["tests/test_memory_cli_mutants.py"],
 }
 EQUIVALENT: dict[str, list[str]] = {}
 _MODEL = ("config's model {}: config returns only the TrainConfig of spec.calculator(), which never reads the run's "
@@ -22,7 +26,23 @@ _MODEL = ("config's model {}: config returns only the TrainConfig of spec.calcul
           "checks no model name")
 _DTYPE = ("_strategy's kw.get('dtype', 'bf16') default -> {}: the default only meets != 'fp32', true for every "
           "default but 'fp32'")
+_WHOLE = ("{}: the tests before it (n even, n % block == 0, (n // block) % scaler_block == 0) make that quotient "
+          "whole, and a whole float below 2**53 (every model's weight size) has the same remainder as the int")
+_SET_AFTER = ("breakdown's initial {} -> {}: the loop never reads it and it is assigned (=, not +=) after the loop, "
+              "in place (the dict keeps the key's position)")
 MARKED: dict[str, dict[str, str]] = {
+    "memory.qlora": {
+        "x_check__mutmut_65": "(n // b) % sb -> (n / b) % sb: it is read only where n % b == 0 (the `or`'s first "
+                              "test is False), so n / b is whole, and a whole float below 2**53 (every model's "
+                              "weight size) has the same remainder as the int",
+        **{f"x_check__mutmut_{i}": _WHOLE.format(what) for i, what in (
+            (69, "the shard test's n // 2 -> n / 2"),
+            (71, "the shard test's n // b -> n / b"), (72, "the shard test's n // b // sb -> n // b / sb"),
+            (73, "the shard test's n // b // sb -> n / b // sb"))},
+        **{f"x_breakdown__mutmut_{i}": _SET_AFTER.format(k, v) for i, k, v in (
+            (41, "adapter_grads=0", "None"), (42, "adapter_optimizer=0", "None"), (53, "adapter_grads=0", "1"),
+            (54, "adapter_optimizer=0", "1"))},
+    },
     "memory.vocab": {
         **{f"x_config__mutmut_{i}": _MODEL.format(what) for i, what in (
             (1, "default 'tiny-llama' -> 'XXtiny-llamaXX'"), (2, "default 'tiny-llama' -> 'TINY-LLAMA'"),
