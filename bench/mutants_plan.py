@@ -57,6 +57,21 @@ _AXES_ALL = ("Links.deg's getattr(layout, a, 1) default {}: Layout has a field f
 _LV = ("the cross-node alpha's lv = 2 for an all-reduce {}: an all-reduce never reaches this branch (unmeasured it is "
        "priced by NCCL's model, nccl.TUNED; measured, it takes the measured alpha)")
 MARKED: dict[str, dict[str, str]] = {
+    "plan.cli": {
+        "x_build_parser__mutmut_2": "allow_abbrev=False -> None: argparse only tests `if self.allow_abbrev`, both falsy "
+                                    "(no abbreviation taken either way)",
+        **{f"x_build_parser__mutmut_{i}": f"{flag}'s default=None dropped: argparse's default for an option is None"
+           for i, flag in ((186, "--plot"), (202, "--ep"), (214, "--layout"), (228, "--hardware"), (244, "--overlap"),
+                           (263, "--grad-reduce-dtype"))},
+        "x_plot__mutmut_5": "FigureCanvasAgg(fig) -> FigureCanvasAgg(None): the figure keeps its own FigureCanvasBase, "
+                            "whose print_figure draws a .png through Agg as well (the same bytes, matplotlib 3.11)",
+        **{f"x_plot__mutmut_{i}": f"the fitting points' color='C0' {what}: scatter's default is the axes' next cycle "
+           "colour, C0 for this first artist of a new axes (the same file)" for i, what in ((12, "-> None"),
+                                                                                          (14, "dropped"))},
+        **{f"x_plot__mutmut_{i}": f"ax.grid(True, ...) {what}: with line properties given (alpha) matplotlib's grid "
+           "takes visible None as True" for i, what in ((93, "-> grid(None, ...)"), (96, "-> visible left out"))},
+        "x_plot__mutmut_101": "grid's which='both' -> 'BOTH': Axis.grid lower-cases it first",
+    },
     "plan.links": {
         **{f"xǁLinksǁ__init____mutmut_{i}": _AXES_ALL.format(what) for i, what in ((4, "-> None"), (7, "dropped"),
                                                                                    (8, "-> 2"))},

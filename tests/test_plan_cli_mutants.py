@@ -4,10 +4,13 @@ survivors of bench/bench_mutation.py plan.cli."""
 from __future__ import annotations
 
 import json
+import warnings
+from dataclasses import fields
 
 import pytest
 
 from coursekit.plan.cli import main
+from coursekit.plan.hardware import hardware, network
 
 BASE = ["--model", "tiny-llama", "--gpus", "2", "--seq", "64", "--global-batch", "4"]
 
@@ -140,7 +143,9 @@ def test_the_plot_is_memory_against_step_time_with_the_front_and_the_capacity(mo
     cands = [Candidate(None, _pred(step=t), m * GB, 10 * GB) for t, m in ((1.0, 8), (2.0, 4), (3.0, 6), (0.5, 12))]
     saved = {}
     monkeypatch.setattr(Figure, "savefig", lambda self, path, dpi: saved.update(fig=self, path=path, dpi=dpi))
-    assert plot(cands, str(tmp_path / "p.png")) == str(tmp_path / "p.png")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. matplotlib's "First parameter to grid() is false, but line properties"
+        assert plot(cands, str(tmp_path / "p.png")) == str(tmp_path / "p.png")
     fig = saved["fig"]
     assert saved["dpi"] == 120 and tuple(fig.get_size_inches()) == (7, 4.5)
     (ax,) = fig.axes
@@ -158,3 +163,156 @@ def test_the_plot_is_memory_against_step_time_with_the_front_and_the_capacity(mo
     assert list(front.get_xdata()) == [2.0, 1.0] and list(front.get_ydata()) == [4.0, 8.0]  # by memory
     assert front.get_color() == "C3" and front.get_marker() == "o" and front.get_linestyle() == "-"
     assert list(cap.get_ydata()) == [10.0, 10.0] and cap.get_linestyle() == ":" and cap.get_color() == "k"
+    # the sizes: points of 8 and 6 (pt^2), the front's markers 4, the capacity line 1 pt, the legend's 8 pt text
+    assert list(fit.get_sizes()) == [8] and list(unfit.get_sizes()) == [6]
+    assert front.get_markersize() == 4 and cap.get_linewidth() == 1
+    assert {t.get_fontsize() for t in ax.get_legend().get_texts()} == {8}
+    # a faint grid on the major ticks of both axes and the minor ticks of the log time axis
+    for ticks in (ax.xaxis.get_major_ticks(), ax.yaxis.get_major_ticks(), ax.xaxis.get_minor_ticks()):
+        assert ticks and all(t.gridline.get_visible() and t.gridline.get_alpha() == 0.3 for t in ticks)
+
+
+def test_a_plot_of_one_candidate_draws_its_capacity(monkeypatch, tmp_path):
+    """The capacity line is the first (here the only) candidate's. Catches it read from another candidate."""
+    from matplotlib.figure import Figure
+
+    from coursekit.plan.cli import plot
+    from coursekit.plan.search import Candidate
+    from test_plan_search_mutants import _pred
+
+    saved = {}
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, dpi: saved.update(fig=self))
+    plot([Candidate(None, _pred(step=1.0), 3 * 2**30, 4 * 2**30)], str(tmp_path / "one.png"))
+    _front, cap = saved["fig"].axes[0].lines
+    assert list(cap.get_ydata()) == [4.0, 4.0]
+
+
+# -- the parser: what --help documents, and each claim of it held to the code ----------------------------------------
+# option -> (default, type, required, choices, metavar, help), as coursekit plan --help lists them
+OPTIONS = {
+    "--model": (None, None, True, None, None, "preset name or path to an HF config.json"),
+    "--gpus": (None, int, True, None, None, "GPUs in the job"),
+    "--gpus-per-node": (8, int, False, None, None, "GPUs per node (NVLink domain)"),
+    "--gpu": ("H100-80GB", None, False, None, None, "GPU preset (see coursekit.plan.hardware)"),
+    "--seq": (None, int, True, None, None, "tokens per sequence"),
+    "--global-batch": (None, int, True, None, None, "sequences per optimizer step"),
+    "--network": ("ib-400", None, False, None, None,
+                  "inter-node network preset: ib-400, ib-200, roce-200, ..."),
+    "--dtype": ("bf16", None, False, ("bf16", "fp16", "fp32", "fp8"), None,
+                "compute dtype; fp8: the linear layers on FP8 tensor cores (torchao float8), the rest bf16"),
+    "--compile": (False, None, False, None, None, "torch.compile: fused element-wise kernels"),
+    "--attention": ("sdpa", None, False, ("sdpa", "eager"), None,
+                    "attention implementation, the trainer's names: sdpa (on a GPU its flash kernel: no score matrix "
+                    "kept; default) or eager (scores kept and moved through HBM)"),
+    "--top": (5, int, False, None, None, "how many to show (0: every candidate, with --json)"),
+    "--json": (False, None, False, None, None, "print candidates as a JSON list"),
+    "--plot": (None, None, False, None, "FILE.png", "memory vs predicted step time, Pareto front"),
+    "--ep": (None, int, False, None, None, "MoE models: search only layouts with this expert-parallel degree "
+             "(default: every one dividing the experts and the dp x cp ranks)"),
+    "--layout": (None, None, False, None, None, "evaluate one layout: k=v,... (keys: dp_replicate, dp_shard, tp, pp, "
+                 "cp, micro_batch, recompute, zero, engine, pp_schedule, microbatches, virtual_stages, cp_impl, sp, "
+                 "overlap, grad_reduce_dtype; or the trainer's names: strategy=zero3, grad_accum, pp_virtual)"),
+    "--hardware": (None, None, False, None, "FILE",
+                   "YAML/JSON overrides (gpu, network, collectives: coursekit.comm.bench rows)"),
+    "--overlap": (None, None, False, None, "NAMES", "communication overlapped beyond each engine's defaults, "
+                  "'+'-joined, no-NAME for off: grad_reduce, param_gather (Megatron --overlap-param-gather), prefetch, "
+                  "tp (--tp-comm-overlap / async TP); set on every layout it applies to"),
+    "--grad-reduce-dtype": (None, None, False, ("fp32", "bf16"), None,
+                            "gradients on the wire (default fp32; bf16: Megatron --grad-reduce-in-bf16)"),
+}
+
+
+def test_the_parsers_options_are_what_its_help_documents():
+    """Every option (and only these, besides -h) with its default, type, required-ness, choices, metavar and help
+    text: the help is the command's documentation. Catches a default, a type, a required flag or a help text
+    changed or dropped."""
+    from coursekit.plan.cli import build_parser
+
+    p = build_parser()
+    got = {a.option_strings[0]: (a.default, a.type, a.required, None if a.choices is None else tuple(a.choices),
+                                 a.metavar, a.help) for a in p._actions if a.option_strings[0] != "-h"}
+    assert got == OPTIONS
+    assert {a.option_strings[0]: a.const for a in p._actions if a.nargs == 0 and a.dest != "help"} == {
+        "--compile": True, "--json": True}  # store_true flags
+    assert p.prog == "coursekit plan" and p.format_usage().startswith("usage: coursekit plan [-h] --model MODEL ")
+    assert p.description == "coursekit plan: the fastest layout that fits, with the reasoning shown."
+
+
+def test_the_helps_claims_hold():
+    """What the help names exists: the default GPU and the listed networks are presets, the --layout keys are the
+    planner's (parse_layout takes each, and the trainer's names listed), the --overlap names are the modelled ones,
+    fp32 is the layout's default gradient dtype. Catches the help drifting from the code."""
+    from coursekit.plan import overlap
+    from coursekit.plan.layout import Layout, parse_layout
+
+    assert hardware(OPTIONS["--gpu"][0]).name == "H100-80GB"
+    for name in ("ib-400", "ib-200", "roce-200"):
+        assert network(name).name == name
+    keys = OPTIONS["--layout"][5].split("keys: ")[1].split(";")[0].split(", ")
+    assert set(keys) <= {f.name for f in fields(Layout)}
+    parse_layout("strategy=zero3,grad_accum=2,pp_virtual=2")  # the trainer's names
+    names = OPTIONS["--overlap"][5].split("no-NAME for off: ")[1].split(";")[0]
+    assert [w.split(" (")[0] for w in names.split(", ")] == list(overlap.OVERLAPS)
+    assert Layout().grad_reduce_dtype == "fp32"
+
+
+@pytest.mark.parametrize("flag", ["--model", "--gpus", "--seq", "--global-batch"])
+def test_each_required_flag_is_required_and_no_flag_is_abbreviated(capsys, flag):
+    """Without one of the four required flags argparse stops (exit 2) and names it; an abbreviation (--gpus-per) is
+    not taken for --gpus-per-node. Catches required dropped and allow_abbrev switched on."""
+    argv = dict(zip(BASE[::2], BASE[1::2]))
+    del argv[flag]
+    with pytest.raises(SystemExit) as e:
+        main([x for kv in argv.items() for x in kv])
+    assert e.value.code == 2 and f"the following arguments are required: {flag}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main([*BASE, "--gpus-per", "1"])
+    assert e.value.code == 2 and "unrecognized arguments: --gpus-per 1" in capsys.readouterr().err
+
+
+def _tight(tmp_path):
+    """A GPU of 1,132,000,000 bytes (capacity 95 %: 1,075,400,000): tiny-llama's smallest layouts on 2 GPUs fit, its
+    larger micro-batches do not, so a search meets both."""
+    f = tmp_path / "tight.yaml"
+    f.write_text("gpu:\n  name: tight-gpu\n  memory_bytes: 1132000000\n")
+    return str(f)
+
+
+def test_unfit_candidates_are_kept_for_json_top_0_and_the_plot_only(capsys, tmp_path, monkeypatch):
+    """plan(keep_unfit=...) is asked for the candidates that do not fit only where they are shown: --json --top 0
+    (every candidate) and --plot (memory against time); the plain table, --json --top N and --top 0 without --json
+    count fitting ones only. Catches keep_unfit's `or` / `and`, its top == 0 test and the plot's flag not counted."""
+    import coursekit.plan.cli as cli
+
+    hw = _tight(tmp_path)
+    _, every, _ = _run(capsys, "--hardware", hw, "--json", "--top", "0")
+    rows = json.loads(every)
+    fit = [r for r in rows if r["fits"]]
+    assert fit and len(fit) < len(rows) and all(r["fits"] for r in rows[:len(fit)])  # fitting first, then the rest
+    for argv in (["--top", "0"], ["--top", "1"]):
+        rc, out, _ = _run(capsys, "--hardware", hw, *argv)
+        assert rc == 0 and out.splitlines()[0].split(": ")[1].startswith(f"{len(fit)} candidate(s), best ")
+    _, top1, _ = _run(capsys, "--hardware", hw, "--json", "--top", "1")
+    assert len(json.loads(top1)) == 1
+    plotted = {}
+    monkeypatch.setattr(cli, "plot", lambda cands, path: plotted.update(n=len(cands), path=path))
+    rc, out, _ = _run(capsys, "--hardware", hw, "--plot", str(tmp_path / "p.png"), "--top", "1")
+    assert rc == 0 and plotted == {"n": len(rows), "path": str(tmp_path / "p.png")}
+    assert out.splitlines()[0].endswith(f": {len(rows)} candidate(s), best 1 shown")
+    assert out.splitlines()[-1] == f"plot: {tmp_path / 'p.png'}"
+
+
+def test_the_tables_gib_column_and_the_files_network_reach_the_prediction(capsys, tmp_path):
+    """The GiB column is the peak in GiB (bytes / 2^30, one decimal), as the JSON's peak_bytes; a --hardware file's
+    network (1 MB/s NICs) prices a 2-node DDP's gradient all-reduce: more than 10 x the step on the ib-400 preset.
+    Catches bytes x GiB, the file's network not handed to the search."""
+    _, out, _ = _run(capsys, "--layout", "dp_replicate=2")
+    _, js, _ = _run(capsys, "--layout", "dp_replicate=2", "--json")
+    peak = json.loads(js)[0]["peak_bytes"]
+    assert out.splitlines()[3].split()[5] == f"{peak / 2**30:.1f}"
+    f = tmp_path / "slow.yaml"
+    f.write_text("network:\n  name: slow-net\n  bw_per_gpu: 1.0e6\n")
+    fast = json.loads(_run(capsys, "--layout", "dp_replicate=2", "--gpus-per-node", "1", "--json")[1])[0]
+    slow = json.loads(_run(capsys, "--layout", "dp_replicate=2", "--gpus-per-node", "1", "--json", "--hardware",
+                           str(f))[1])[0]
+    assert slow["step_time_s"] > 10 * fast["step_time_s"]
