@@ -263,6 +263,9 @@ def test_min_gpus_starts_from_one_rank_whatever_the_run_says(stub):
     stub.cap = 300  # 1000 / 4 = 250 fits, 1000 / 3 = 333 not
     assert min_gpus("rope", "H100-80GB", micro_batch=1, seq=8, strategy="fsdp2", dp_shard=8).config.dp == 4
     assert [c.dp for c in stub.calls] == [1, 2, 4, 3, 4]
+    # a dp beside them is dropped too (kept, dp 3 != dp_shard 8 would be refused), as is a dp of 0
+    assert min_gpus("rope", "H100-80GB", micro_batch=1, seq=8, strategy="fsdp2", dp_shard=8, dp=3).config.dp == 4
+    assert min_gpus("rope", "H100-80GB", batch=1, seq=8, engine="fsdp2", dp=0).config.dp == 4
 
 
 def test_min_gpus_hsdp_is_one_shard_group(stub):
