@@ -283,12 +283,17 @@ def test_bench_pool(no_orphans):
     """One row for 2 ranks: every figure present and positive, the ratios those of the row's own columns."""
     out = bench("bench_pool.py", "--nproc", "2", timeout=600)
     row = next(ln.split() for ln in out.splitlines() if ln.split()[:1] == ["2"])
-    fl, start, r_start, cell, tr, r_tr = map(float, row[1:])
-    assert min(fl, start, cell, tr) > 0
+    fl, start, r_start, cell, tr, r_tr, un, r_un = map(float, row[1:])
+    assert min(fl, start, cell, tr, un) > 0
     assert r_start == pytest.approx(start / fl, abs=0.01) and r_tr == pytest.approx(tr / fl, abs=0.01)
+    assert r_un == pytest.approx(un / fl, abs=0.01)
     # where the time goes: the floor's and the trainer's phases add up to their wall time (no "other" left)
     lines = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if " s = " in ln}
-    for name, wall in (("floor", fl), ("train --steps 1", tr)):
+    unforked = "train --steps 1, a fresh interpreter per worker"
+    for name, wall in (("floor", fl), ("train --steps 1", tr), (unforked, un)):
         parts = [float(x.split()[-1]) for x in lines[name].split(" s = ")[1].split(" + ")]
         assert "other" not in lines[name] and sum(parts) == pytest.approx(wall, abs=0.03), lines[name]
-    assert "worker imports" in lines["train --steps 1"] and "engines up" in lines["pool start"], lines
+    # forked workers on CPU (the agent imported the run), an interpreter per worker under COURSEKIT_LAUNCH_FORK=0
+    assert "agent imports the run" in lines["train --steps 1"] and "after the fork" in lines["train --steps 1"]
+    assert "worker imports" in lines[unforked] and "fork" not in lines[unforked], lines
+    assert "engines up" in lines["pool start"], lines
