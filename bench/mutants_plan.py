@@ -72,6 +72,13 @@ MARKED: dict[str, dict[str, str]] = {
            "takes visible None as True" for i, what in ((93, "-> grid(None, ...)"), (96, "-> visible left out"))},
         "x_plot__mutmut_101": "grid's which='both' -> 'BOTH': Axis.grid lower-cases it first",
     },
+    "plan.measure": {
+        **{f"x_host_hardware__mutmut_{i}": f"the half dimension's bisection {what}: the root (a half dimension well "
+           "inside [0, 1e5]) is bracketed either way and 100 halvings of a 1e5-wide bracket (1e5 / 2^100 ~ 8e-26) "
+           "end on it to the last bits: the same h, float rounding apart" for i, what in (
+               (35, "upper bound 1e5 -> 100001"), (37, "100 steps -> 101"),
+               (52, "test f(h) > ratio -> >=: they differ only where f(h) equals the ratio exactly, the root itself"))},
+    },
     "plan.links": {
         **{f"xǁLinksǁ__init____mutmut_{i}": _AXES_ALL.format(what) for i, what in ((4, "-> None"), (7, "dropped"),
                                                                                    (8, "-> 2"))},
@@ -94,7 +101,13 @@ MARKED: dict[str, dict[str, str]] = {
         **{f"x_{f}__mutmut_{i}": f"{f}'s default {what}: the GPU table and network presets are looked up "
            "case-insensitively (spec.gpus, hardware.network), the same preset" for f, i, what in (
                ("make_cluster", 2, "gpu 'H100-80GB' -> 'h100-80gb'"), ("make_cluster", 4, "network 'ib-400' -> 'IB-400'"),
-               ("evaluate", 3, "gpu 'H100-80GB' -> 'h100-80gb'"), ("evaluate", 5, "network 'ib-400' -> 'IB-400'"))},
+               ("evaluate", 3, "gpu 'H100-80GB' -> 'h100-80gb'"), ("evaluate", 5, "network 'ib-400' -> 'IB-400'"),
+               ("plan", 3, "gpu 'H100-80GB' -> 'h100-80gb'"), ("plan", 5, "network 'ib-400' -> 'IB-400'"))},
+        "x_plan__mutmut_130": "a refused stub's skipped.add(key) -> add(None): the key leaves out only cp_impl, so the "
+                              "one later stub of a key is the ulysses one after its ring stub; a refusal of the ring "
+                              "stub's smallest configuration does not depend on cp_impl (the calculator's only "
+                              "cp_impl checks are Ulysses', memory.activations._check), so evaluating the ulysses "
+                              "stub raises the same and skips it as well",
         "x_make_cluster__mutmut_16": "gpus % per_node and gpus > per_node -> >=: at gpus == per_node the remainder is 0",
         "x_pareto__mutmut_4": "float('inf') -> float('INF'): float() reads infinity in any case",
         "x__divisors__mutmut_7": "range(1, n + 1) -> range(1, n + 2): n % (n + 1) is n, never 0 for n >= 1",

@@ -123,6 +123,28 @@ def test_host_hardware_one_sample_the_calibrations_and_a_flat_gemm_curve(memory)
     assert faster.peak_flops["fp32"] == pytest.approx(512e9 * ((512 + h) / 512) ** 3, rel=1e-9)
 
 
+def test_host_hardwares_defaults_and_its_sources_figures_rounded(memory):
+    """Two processes by default (the memory halved); the source's figures in GFLOP/s, GB/s and us, one decimal (two
+    for the link): 2.75 -> 2.8, 0.75 -> 0.8, 2.7499999 -> 2.7, 2.375 -> 2.38 (exact halves round to even). Catches
+    the nproc default and each unit's scale (a scale off by one part in 10^9 moves these across a rounding edge)."""
+    hw, _ = host_hardware(_compute(2.75e9, 0.75e9, 2.75e9, 2.7499999e-6), {"all_reduce": (1e-5, 2.375e9)})
+    assert hw.memory_bytes == 2**30
+    assert hw.source == ("measured here: matmul 512^3 2.8 GFLOP/s, 64^3 0.8; add 2.8 GB/s; 2.7 us/op; gloo all_reduce "
+                         "2.38 GB/s")
+
+
+def test_measure_host_measures_here_and_on_nproc_processes(memory, monkeypatch):
+    """measure_host: this process's figures, the collectives on ``nproc`` processes with the benchmark's options,
+    the memory shared by nproc. Catches an argument dropped or nproc's default."""
+    asked = []
+    monkeypatch.setattr(measure, "measure_compute", lambda: _compute(512e9, 512e9 * 729 / 4096, 7e9, 30e-6))
+    monkeypatch.setattr(measure, "measure_collectives", lambda nproc, **kw: asked.append((nproc, kw)) or COLL)
+    hw, net = measure.measure_host()
+    assert asked == [(2, {})] and hw.memory_bytes == 2**30 and hw.gemm_half_dim == 64 and net.collectives == COLL
+    hw, _ = measure.measure_host(4, sizes="1K..2K", iters=2)
+    assert asked[1] == (4, {"sizes": "1K..2K", "iters": 2}) and hw.memory_bytes == (2**31 + 1) // 4
+
+
 def test_the_half_dimension_solves_the_ratio_of_other_sizes(memory):
     """big 1024, small 128, h = 128: (0.5 / (1024 / 1152))^3 = (9/16)^3 again; the peak r_big x (9/8)^3. Catches
     big and small not read from the sample."""
@@ -170,14 +192,17 @@ def test_sustained_runs_each_trial_for_the_window_and_takes_the_median(monkeypat
     assert len(calls) == 9
 
 
-def _stub_timer(monkeypatch, seconds=0.5):
-    seen = {}
-
+def timer_of(seen, seconds=0.5):
     def timer(fn, reps=3):
         seen["reps"], seen["result"] = reps, fn()
         return seconds
 
-    monkeypatch.setattr(measure, "_sustained", timer)
+    return timer
+
+
+def _stub_timer(monkeypatch, seconds=0.5):
+    seen = {}
+    monkeypatch.setattr(measure, "_sustained", timer_of(seen, seconds))
     return seen
 
 
@@ -193,6 +218,11 @@ def test_each_rate_is_its_work_over_the_sustained_time(monkeypatch):
     assert seen["reps"] == 5 and seen["result"].dtype == torch.float64
     assert measure.memory_bandwidth(64, reps=2) == 3 * 64 / 0.5
     assert seen["reps"] == 2 and seen["result"].tolist() == [2.0] * 16
+    # out of place into the third array, allocated once: every call writes the same storage (no allocation timed)
+    monkeypatch.setattr(measure, "_sustained", lambda fn, reps=3: seen.update(ptrs={fn().data_ptr() for _ in "ab"}) or 1)
+    measure.memory_bandwidth(64)
+    assert len(seen["ptrs"]) == 1
+    monkeypatch.setattr(measure, "_sustained", timer_of(seen))
     assert measure.memory_bandwidth() == 3 * 64 * 2**20 / 0.5  # 64 MiB by default
     assert seen["reps"] == 3 and seen["result"].numel() == 16 * 2**20 and bool((seen["result"] == 2).all())
     monkeypatch.setattr(measure, "_op_overhead_model", lambda: ("step", 200))
@@ -309,8 +339,10 @@ class _Samples:
     def __init__(self, times):
         self.todo = [{"time_s": t, "name": i} for i, t in enumerate(times)]
         self.drained, self.release = threading.Event(), threading.Event()
+        self.threads = set()
 
     def __call__(self):
+        self.threads.add(threading.current_thread())
         if self.todo:
             return self.todo.pop(0)
         self.drained.set()
@@ -340,6 +372,8 @@ def _measured(monkeypatch, launch_at, t0s, times, steps, first_after, *, step_re
     out, hits = measure.run_measured(TrainerRun(strategy="ddp", nproc=2), model="tiny-llama", seq=64,
                                      global_batch=8)
     assert built == [1] and out["steps"] == steps
+    sampler = samples.threads - {threading.main_thread()}
+    assert len(sampler) == step_reported and all(t.daemon for t in sampler)  # it must not keep the process alive
     return asked, [h["name"] for h in hits]
 
 
