@@ -20,7 +20,9 @@ MODULES: dict[str, list[str]] = {
     "memory.engines.megatron": _ESTIMATE + ["tests/test_memory_megatron_mutants.py"],  # stages by hand
     "memory.deepspeed": _ESTIMATE + ["tests/test_memory_deepspeed_mutants.py"],  # DeepSpeed's rules by hand
     "memory.calculator": _ESTIMATE + ["tests/test_memory_calculator_mutants.py"],  # the sums, with stubs
-    "memory.shapes": _ESTIMATE + ["tests/test_memory_presets.py", "tests/test_memory_engines_mutants.py"],
+    # the shapes by hand (no torch; the caches cleared), then the meta-device models and the calculator's users
+    "memory.shapes": ["tests/test_memory_shapes_mutants.py", *_ESTIMATE, "tests/test_memory_presets.py",
+                      "tests/test_memory_engines_mutants.py"],
     # torchtitan's per-op policy by hand, and measured with torch on CPU (one process), its refusals; not the launches
     # (op_recompute's own tests first: by hand, no torch; activation_bytes is cached, so they call it directly)
     "memory.op_recompute": ["tests/test_memory_op_recompute_mutants.py",
@@ -45,7 +47,41 @@ _PER_ELEMENT = ("the per-element formula call's {}: that StateBytes is read only
                 "on the precision alone")
 _BELOW_MIN = ("a gradient fragment below the 1 MiB minimum: {}; q <= p, so q·4 < min_bytes too and the second test "
               "adds 0 either way")
+_HF_DEFAULT = ("the config.json reader's {what}: where it applies (a key missing from the config), ModelShape gets "
+               "None or no value, and its own default for that family is the same {value}")
 MARKED: dict[str, dict[str, str]] = {
+    "memory.shapes": {
+        "xǁModelShapeǁ__post_init____mutmut_120": "head_dim's hidden // heads -> hidden / heads: reached only when "
+                                                  "hidden % heads == 0 (refused just above otherwise), so the float "
+                                                  "is whole and positive_int returns the same int",
+        "xǁModelShapeǁ_post_init_moe__mutmut_88": "float('inf') -> float('INF'): float() parses infinity in any "
+                                                  "case, the same number",
+        "xǁModelShapeǁ_local_params__mutmut_1": "_local_params' ep=1 default -> 2: its one caller (the cached "
+                                                "module function) always passes ep",
+        **{f"x__moe_fields__mutmut_{i}": _HF_DEFAULT.format(what=w, value=v) for i, w, v in (
+            (27, "num_experts_per_tok 2 -> None", "(top_k 2)"), (29, "num_experts_per_tok 2 -> (none)", "(top_k 2)"),
+            (95, "norm_topk_prob False -> None", "(bool(None) is False)"),
+            (97, "norm_topk_prob False -> (none)", "(bool(None) is False)"))},
+        **{f"x__from_llama__mutmut_{i}": _HF_DEFAULT.format(what=w, value=v) for i, w, v in (
+            (21, "qwen2 o_bias=False -> None (always applies)", "(o_bias None: qkv_bias and family != qwen2, False)"),
+            (23, "qwen2 o_bias=False -> left out (always applies)",
+             "(o_bias None: qkv_bias and family != qwen2, False)"),
+            (60, "arch='llama' -> left out (always applies)", "(arch 'llama')"),
+            (102, "tie_word_embeddings False -> None", "(llama: untied)"),
+            (104, "tie_word_embeddings False -> (none)", "(llama: untied)"),
+            (109, "hidden_act 'silu' -> None", "(llama: silu)"), (111, "hidden_act 'silu' -> (none)", "(llama: silu)"),
+            (128, "attention_bias False -> None", "(qkv_bias None: False for llama, and o_bias with it)"),
+            (130, "attention_bias False -> (none)", "(qkv_bias None: False for llama, and o_bias with it)"),
+            (135, "mlp_bias False -> None", "(llama: no MLP bias)"),
+            (137, "mlp_bias False -> (none)", "(llama: no MLP bias)"),
+            (151, "attention_dropout 0.0 -> None", "(None or 0.0 is 0.0)"),
+            (153, "attention_dropout 0.0 -> (none)", "(None or 0.0 is 0.0)"))},
+        **{f"x__from_gpt2__mutmut_{i}": _HF_DEFAULT.format(what=w, value=v) for i, w, v in (
+            (79, "tie_word_embeddings True -> None", "(gpt2: tied)"),
+            (81, "tie_word_embeddings True -> (none)", "(gpt2: tied)"),
+            (86, "activation_function 'gelu_new' -> None", "(gpt2: gelu_new)"),
+            (88, "activation_function 'gelu_new' -> (none)", "(gpt2: gelu_new)"))},
+    },
     "memory.op_recompute": {
         "x__linears__mutmut_49": "count += not biased -> -= : only count % 2 is read, and -n % 2 == n % 2 (Python's "
                                  "% of a positive modulus is never negative), so the same mms are kept",

@@ -95,7 +95,8 @@ def test_moe_fields():
     assert shape(family="qwen3_moe", experts=4, norm_topk=1).norm_topk is True
     assert shape(family="qwen3_moe", experts=4, top_k=4).top_k == 4  # all experts: allowed
     assert shape(family="qwen3_moe", experts=4, aux_loss_coef=0).aux_loss_coef == 0
-    assert shape(family="qwen3_moe", experts=4.0).experts == 4
+    assert shape(family="qwen3_moe", experts=4.0).experts == 4 and type(shape(family="qwen3_moe",
+                                                                              experts=4.0).experts) is int
     whole = shape(family="qwen3_moe", experts=4, expert_ffn=7.0)  # stored as the int it is, as every size
     assert type(whole.expert_ffn) is int and type(whole.moe_ffn) is int and type(whole.num_params()) is int
     assert shape(experts=0).is_moe is False
@@ -142,7 +143,8 @@ def test_with_and_to_dict():
     (dict(family="qwen3_moe", experts=4, top_k=5), "top_k 5 is more than the 4 experts"),
     (dict(family="qwen3_moe", experts=4, expert_ffn=0), "expert_ffn must be > 0, got 0"),
     (dict(family="qwen3_moe", experts=4, aux_loss_coef=-0.5), "aux_loss_coef must be a finite number >= 0, got -0.5"),
-    (dict(family="qwen3_moe", experts=4, aux_loss_coef=math.inf), "aux_loss_coef must be a finite number >= 0, got inf"),
+    (dict(family="qwen3_moe", experts=4, aux_loss_coef=math.inf),
+     "aux_loss_coef must be a finite number >= 0, got inf"),
     (dict(family="qwen3_moe", experts=4, aux_loss_coef="0.1"),
      "aux_loss_coef must be a finite number >= 0, got '0.1'"),
 ])
@@ -299,6 +301,14 @@ def test_an_ep_rank_holds_its_experts():
     assert MIX.local_params(2, 2) == (12 + 120 + 120 + 120 + 12 + 48 + 960 + 480, 300, 312, 0)
     assert MIX.local_params(1, 4)[0] == 12 + 240 + 120 + 240 + 12 + 48 + 480 + 240
     assert MIX.local_params(1)[0] == 3552
+
+
+def test_a_ranks_share_is_whole_parameters():
+    # counts, not fractions: 1920 // 2, 288 // 4 · (4 // 2), ... are ints (a float count would print as 960.0)
+    gqa = shape(heads=8, kv_heads=4, head_dim=3)
+    for got in (MIX.local_params(2, 2), MIX.local_params(1, 4), gqa.local_params(2), gqa.local_params(8),
+                G2.local_params(2)):
+        assert all(type(v) is int for v in got), got
 
 
 # ---- HF config.json ------------------------------------------------------------------------------------------------
