@@ -358,7 +358,9 @@ def test_max_seq_solves_from_the_smallest_sequence(stubs, capsys):
                                 "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["solution"] == {"max_seq": 4096} and (d["batch"], d["seq"]) == (2, 4096)
-    assert stubs.solver[0][2]["seq"] == 2 * 4  # cp · tp: one token per rank of the sequence's split
+    (name, model, kw), = stubs.solver
+    assert (name, model, kw["batch"], kw["cp"], kw["tp"], kw["sp"]) == ("max_seq_len", "llama3-8b", 2, 2, 4, True)
+    assert kw["seq"] == 2 * 4  # cp · tp: one token per rank of the sequence's split
     stubs.solver.clear()
     assert cli.main(BASE[:4] + ["--batch", "2", "--solve", "max-seq", "--cp", "2", "--tp", "4", "--dp", "1",
                                 "--json"]) == 0
@@ -376,6 +378,9 @@ def test_min_gpus_sizes_the_fewest(stubs, capsys):
                      "--tp", "2", "--solve", "min-gpus", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["solution"] == {"min_gpus": 32, "dp": 16} and d["dp"] == 16
+    (name, model, kw), = stubs.solver
+    assert (name, model, kw["batch"], kw["seq"], kw["tp"], kw["zero"], kw["gpu"]) == (
+        "min_gpus", "llama3-8b", 1, 512, 2, 3, "H100-80GB")
     (model, c), = stubs.estimate
     assert (c.dp, c.tp, c.world) == (16, 2, 32)  # the world follows dp (none given): dp · tp
     assert cli.main(["--model", "llama3-8b", "--gpu", "H100-80GB", "--zero", "3", "--batch", "1", "--seq", "512",
@@ -411,4 +416,5 @@ def test_a_closed_pipe_is_no_error(stubs, monkeypatch):
     monkeypatch.setattr(sys, "stdout", Closed())
     assert cli.main(BASE + ["--batch", "1", "--seq", "8", "--json"]) == 0
     assert not isinstance(sys.stdout, Closed)  # silenced for the interpreter's flush at exit
+    assert sys.stdout.writable() and sys.stdout.write("later output, dropped") == 21  # not a read-only stand-in
     sys.stdout.close()
