@@ -122,6 +122,21 @@ MARKED: dict[str, dict[str, str]] = {
         **{f"x_layouts_of__mutmut_{i}": f"the virtual stages at pp 1 {what}: Layout refuses virtual_stages > 1 "
            "without pp > 1, and the loop skips what Layout refuses" for i, what in ((54, "-> (1, 2, 4)"),
                                                                               (55, "pp >= 1"))},
+        "x_layouts_of__mutmut_58": "pp x v > layers -> pp / v > layers: pp / v <= pp <= layers (the loop broke on pp > "
+                                   "layers), so it never skips; what it lets through (pp x v > layers) _check refuses "
+                                   "(check_model: layers < pp x virtual_stages) before it is yielded",
+        **{f"xǁ_Evaluatorǁ_run__mutmut_{i}": f"the shared run's base {what}: that field feeds only the calculator's "
+           "batch / recompute / microbatches keywords, which peak() overwrites with the layout's own, and RunSpec "
+           "checks it against nothing else here (no global batch given: batch() returns the micro-batch as is)"
+           for i, what in ((12, "microbatches B // dp -> None (grad_accum 1)"),
+                           (17, "microbatches left out (the layout's own: None in a search, or what --layout gave)"),
+                           (14, "micro_batch=1 left out (the first layout's micro-batch)"),
+                           (18, "micro_batch=1 -> 2"),
+                           (15, "recompute='none' left out (the first layout's policy; recompute_layers is None)"))},
+        **{f"xǁ_Evaluatorǁpeak__mutmut_{i}": f"peak's `except LayoutError: raise ConfigError(str(exc))` {what}: dead, "
+           "TrainConfig(**kw) refuses with ConfigError only (memory.train_config: choice, positive_int and its own "
+           "checks); the run's LayoutError (RunSpec.calculator) comes from _run, before the try"
+           for i, what in ((38, "-> ConfigError(None)"), (39, "-> ConfigError('None')"))},
         "x_layouts_of__mutmut_60": "pp x v > layers: continue -> break: v runs 1, 2, 4 upward, so once pp x v is over "
                                    "the layers every later v is too",
         "x_layouts_of__mutmut_86": "a refused layout's continue -> break in the ep loop: there only Layout's ep rule "

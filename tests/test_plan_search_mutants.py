@@ -261,6 +261,7 @@ def test_the_enumeration_visits_what_its_docstring_lists():
     assert all(cp == 1 for _, cp, *_ in _degrees(DENSE, 4, 4, 1024, 4))
     assert _degrees(DENSE, 4, 4, 512, 4)  # short sequences still get cp 1 layouts
     assert any(pp == 2 for *_, pp, _v, _s, _d, _r in _degrees(DENSE, 4, 4, 512, 2))  # dp 4 does not split 2: pp 2
+    assert (1, 2) in {(g[0], g[3]) for g in _degrees(DENSE, 4, 4, 512, 2)}  # tp 1: pp 1 skipped, its pp 2 kept
     two = replace(DENSE, layers=2)
     assert any(tp == 2 for tp, *_ in _degrees(two, 8, 8, 512, 8))  # pp 4 > 2 layers ends tp 1's pp loop only
     assert not any(tp == 4 for tp, *_ in _degrees(DENSE, 4, 4, 2050, 4))  # SP: 2050 tokens do not split over 4
@@ -268,3 +269,154 @@ def test_the_enumeration_visits_what_its_docstring_lists():
     hsdp = [g for g in _degrees(DENSE, 16, 8, 512, 16) if g[5] == "hsdp"]
     assert (1, 1, "ring", 1, 1, "hsdp", 8, 2) in hsdp
     assert not [g for g in _degrees(DENSE, 8, 2, 512, 8) if g[5] == "hsdp" and g[0] == 2]  # 1 rank per node left
+
+
+# -- plan's defaults, its fixed knobs, the evaluator's fit bound --------------------------------------------------------
+TIGHT = replace(hardware("H100-80GB"), name="tight-gpu", memory_bytes=1_132_000_000)
+"""capacity 95 %: 1,075,400,000 bytes: tiny-llama's smallest layouts on 2 GPUs fit, its larger micro-batches not"""
+
+
+def test_plan_defaults_eight_gpus_a_node_fitting_only_and_eager():
+    """plan's defaults: 8 GPUs per node (9 GPUs are not whole nodes), only fitting candidates unless keep_unfit
+    (a GPU where some do not fit), no torch.compile. Catches each default changed."""
+    with pytest.raises(ValueError) as e:
+        plan("tiny-llama", gpus=9, seq=64, global_batch=9)
+    assert str(e.value) == "--gpus-per-node 8 does not divide --gpus 9: nodes must be whole"
+    found = plan("tiny-llama", gpus=2, seq=64, global_batch=4, hw=TIGHT)
+    every = plan("tiny-llama", gpus=2, seq=64, global_batch=4, hw=TIGHT, keep_unfit=True)
+    assert found and all(c.fits for c in found) and not all(c.fits for c in every)
+    assert [c.layout for c in every if c.fits] == [c.layout for c in found]
+    assert all(c.prediction.run["compile"] is False for c in found)
+
+
+def test_plan_sets_the_preset_knobs_on_every_layout_and_filters_on_the_others():
+    """fixed's sp, pp_schedule and grad_reduce_dtype are set on each enumerated layout (the enumeration never varies
+    them), not used to filter it (every stub has the Layout defaults sp True, 1f1b, fp32, so a filter would leave
+    nothing); the other keys filter. Catches the preset keys misspelt or the preset dropped."""
+    args = dict(gpus=2, seq=64, global_batch=4)
+    for key, value in (("sp", False), ("pp_schedule", "gpipe"), ("grad_reduce_dtype", "bf16")):
+        found = plan("tiny-llama", fixed={key: value}, **args)
+        assert found and {getattr(c.layout, key) for c in found} == {value}, key
+    both = plan("tiny-llama", fixed={"sp": False, "grad_reduce_dtype": "bf16", "tp": 2}, **args)
+    assert both and {(c.layout.sp, c.layout.grad_reduce_dtype, c.layout.tp) for c in both} == {(False, "bf16", 2)}
+
+
+def test_a_layout_exactly_at_the_capacity_fits_and_is_priced():
+    """Candidate.fits is peak <= capacity: a layout whose peak is the capacity is priced even without unfit; one byte
+    less capacity and it is not. Catches > -> >= in the evaluator's bound."""
+    from coursekit.memory import resolve_model
+    from coursekit.plan.search import _Evaluator
+
+    shape = resolve_model("tiny-llama")
+    ev = _Evaluator(shape, make_cluster(2, 8), 64, 4, "bf16", "flash")
+    L = Layout(dp_replicate=2)
+    ev.capacity = ev.peak(L)
+    c = ev.candidate(L, unfit=False)
+    assert c is not None and c.fits and c.peak_bytes == c.capacity_bytes
+    ev.capacity -= 1
+    assert ev.candidate(L, unfit=False) is None
+
+
+def test_plan_hands_its_network_compile_and_bounds_on():
+    """A 1 MB/s network between 1-GPU nodes slows every 2-GPU layout's step more than 10 x (each crosses it);
+    compile reaches every prediction; a global batch or sequence of 1 is allowed (>= 1). Catches net or compile
+    dropped on the way, the bound's < 1 -> <= 1."""
+    slow = replace(network("ib-400"), bw_per_gpu=1e6)
+    fast_p = plan("tiny-llama", gpus=2, gpus_per_node=1, seq=64, global_batch=4)
+    slow_p = plan("tiny-llama", gpus=2, gpus_per_node=1, seq=64, global_batch=4, net=slow)
+    assert slow_p[0].prediction.step_time_s > 10 * fast_p[0].prediction.step_time_s
+    assert {c.prediction.run["compile"] for c in plan("tiny-llama", gpus=2, seq=64, global_batch=4,
+                                                      compile=True)} == {True}
+    assert plan("tiny-llama", gpus=1, seq=64, global_batch=1)[0].layout.micro_batch == 1
+    assert plan("tiny-llama", gpus=1, seq=1, global_batch=2)
+
+
+def test_plan_sets_overlap_where_it_applies_and_holds_micro_batch_and_recompute():
+    """fixed overlap: each layout gets the names that act on it (applicable: tp only where tp > 1); fixed
+    micro_batch / recompute hold the searched loops at that value (they are not compared with the stubs, which
+    are micro-batch 1, no recompute). Catches the overlap's layout dropped, those two keys filtered."""
+    found = plan("tiny-llama", gpus=2, seq=64, global_batch=4, fixed={"overlap": "tp"})
+    assert {c.layout.overlap for c in found if c.layout.tp == 2} == {"tp"}
+    assert {c.layout.overlap for c in found if c.layout.tp == 1} == {""}
+    mb2 = plan("tiny-llama", gpus=2, seq=64, global_batch=4, fixed={"micro_batch": 2})
+    assert mb2 and {c.layout.micro_batch for c in mb2} == {2}
+    full = plan("tiny-llama", gpus=2, seq=64, global_batch=4, fixed={"recompute": "full"})
+    assert full and {c.layout.recompute for c in full} == {"full"}
+
+
+def test_interleaved_stubs_whose_micro_batch_1_cannot_split_into_rounds_are_still_searched():
+    """pp 2 x v 2 on 2 GPUs (dp 1), global batch 5: micro-batch 1 makes 5 micro-batches, rounds = 5 // 2 = 2, which
+    does not divide 5 (torch refuses), so there is no pruning bound; micro-batch 5 (1 micro-batch, 1 round) is
+    priced. With a GPU of 1 byte nothing fits, and the closest is that layout at full recompute (the least memory).
+    Catches the RoundsError bound changed (None: a crash; 1: the stub skipped on a 0-byte capacity)."""
+    found = plan(DENSE, gpus=2, seq=64, global_batch=5, fixed={"pp": 2, "virtual_stages": 2})
+    assert found and {(c.layout.micro_batch, c.layout.virtual_stages) for c in found} == {(5, 2)}
+    from coursekit.plan.search import NoFit
+
+    with pytest.raises(NoFit) as e:
+        plan(DENSE, gpus=2, seq=64, global_batch=5, fixed={"pp": 2, "virtual_stages": 2},
+             hw=replace(hardware("H100-80GB"), memory_bytes=1))
+    assert e.value.closest == Layout(pp=2, virtual_stages=2, micro_batch=5, recompute="full")
+
+
+def _by_hand(shape, L, *, seq, B, dtype="bf16", attention="flash"):
+    """The calculator's configuration the planner prices L with, as search's docstring and comments state it: the
+    run's keywords (RunSpec.calculator, fp8 sized as bf16, sdpa for flash / eager), then L's micro-batch, recompute
+    and recompute_layers, the step's micro-batches B / (dp x micro_batch), Megatron-style 16 bytes per parameter for
+    a 16-bit dtype, the fused kernels for flash (hf for eager), Megatron's pipeline runtime."""
+    from coursekit.memory import TrainConfig, estimate
+
+    run = L.spec(seq=seq, dtype="bf16" if dtype == "fp8" else dtype,
+                 attention="sdpa" if attention == "flash" else "eager").calculator()
+    kw = {**run, "batch": L.micro_batch, "recompute": L.recompute, "recompute_layers": L.recompute_layers,
+          "microbatches": B // (L.dp * L.micro_batch), "impl": "fused" if attention == "flash" else "hf",
+          "pp_runtime": "megatron", **({"precision": "16psi"} if dtype != "fp32" else {})}
+    return estimate(shape, TrainConfig(**kw)).peak_bytes
+
+
+@pytest.mark.parametrize("L, dtype, attention", [
+    (Layout(dp_replicate=2), "bf16", "flash"),  # ddp: the run's own precision is autocast; the planner's 16psi
+    (Layout(dp_replicate=2), "fp32", "flash"),
+    (Layout(dp_replicate=2), "fp8", "flash"),  # sized as bf16
+    (Layout(dp_replicate=2, micro_batch=2, recompute="selective"), "bf16", "eager"),
+    (Layout(pp=2, micro_batch=1, recompute="full", recompute_layers=1), "bf16", "flash"),  # 8 micro-batches in flight
+    (Layout(dp_shard=2, engine="fsdp2", micro_batch=2), "fp16", "flash"),
+])
+def test_the_evaluators_peak_is_the_calculators_for_the_stated_configuration(L, dtype, attention):
+    """Catches each keyword of the evaluator's configuration changed or dropped: the dtypes' mapping, the kernel and
+    impl, the micro-batch count, the pipeline runtime (torch's keeps every micro-batch's buffers), the precision."""
+    from coursekit.plan.search import _Evaluator
+
+    shape = DENSE
+    ev = _Evaluator(shape, make_cluster(2, 8), 64, 8, dtype, attention)
+    assert ev.peak(L) == _by_hand(shape, L, seq=64, B=8, dtype=dtype, attention=attention)
+    assert ev.peak(L) == ev.cache[L]  # cached
+
+
+def test_the_evaluators_closest_misfit_is_the_least_over_the_capacity_the_first_of_a_tie():
+    """closest: (peak - capacity, layout) of the non-fitting layout nearest the capacity; a later one as near does
+    not replace it; a fitting one is never it. Catches the bound's direction, < -> <=, the difference's sign."""
+    from coursekit.plan.search import _Evaluator
+
+    ev = _Evaluator(DENSE, make_cluster(2, 8), 64, 8, "bf16", "flash")
+    small, big = Layout(dp_replicate=2), Layout(dp_replicate=2, micro_batch=4)
+    twin = replace(small, overlap="no-grad_reduce")  # the same memory, another layout
+    ps, pb = ev.peak(small), ev.peak(big)
+    assert ps < pb and ev.closest is None  # 80 GiB: both fit
+    ev.capacity = ps - 10
+    assert ev.peak(big) == pb and ev.closest == (pb - ps + 10, big)
+    assert ev.peak(small) == ps and ev.closest == (10, small)
+    assert ev.peak(twin) == ps and ev.closest == (10, small)  # a tie keeps the first
+    assert ev.peak(big) == pb and ev.closest == (10, small)
+    ev.capacity = ps
+    ev.closest = None
+    ev.peak(small)
+    assert ev.closest is None  # at the capacity: fits
+
+
+def test_a_global_batch_the_data_parallel_ranks_do_not_split_is_refused_by_name():
+    """evaluate: 5 sequences over 2 replicas: the one message says so (steptime's check), not a calculator error
+    about a fractional accumulation. Catches the shared run's micro-batch count B // dp -> B / dp."""
+    with pytest.raises(ValueError) as e:
+        evaluate("tiny-llama", Layout(dp_replicate=2), seq=64, global_batch=5)
+    assert str(e.value) == "global batch 5 is not divisible by dp 2 x micro_batch 1"
