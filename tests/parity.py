@@ -36,7 +36,9 @@ LOSS_ATOL = 1e-5
 PARAM_RTOL = 1e-6
 
 
-GRAD_RTOL = 1e-6  # max |a - b| / max |b| per parameter: fp32 reordering only
+# max |a - b| / max |b| per parameter: fp32 reordering only (1.06e-6 seen on an AMD EPYC host: k_norm's gradient,
+# dp2 x cp2 ep2); the bugs this catches, a missing 1/ep or an unsummed TP part, are >= 1e-2
+GRAD_RTOL = 2e-6
 GRAD_COMMON = ["--seq", "32", "--global-batch", "8", "--seed", "3"]
 
 

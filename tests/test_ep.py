@@ -178,7 +178,7 @@ MOE = ("--router-aux-loss-coef", "0")
 def test_every_gradient_equals_one_process(strategy, nproc, extra, no_orphans):
     """Adam is blind to a uniformly scaled gradient (a missing 1/ep would still train 'equal to one process'), so
     the gradients themselves: after one backward and the strategy's reduction, every dense parameter's gradient and
-    every expert slice's equal the one-process gradient (of the whole batch) and its slice, within 1e-6; also with
+    every expert slice's equal the one-process gradient (of the whole batch) and its slice, within 2e-6; also with
     context parallelism, whose ranks EP borrows as well, and with tensor parallelism, whose ranks split the sparse
     block's tokens (router and expert gradients summed over them; without that sum they are each rank's part); with
     pipeline stages (each stage's experts split over the data ranks of that stage) and with full recompute (the
