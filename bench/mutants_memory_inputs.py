@@ -16,7 +16,7 @@ MODULES: dict[str, list[str]] = {
     # the fsdp2 engine's QLoRA bytes by hand (~2 s) and the module's own refusals and pieces
     "memory.qlora": _ESTIMATE + ["tests/test_memory_engines_mutants.py", "tests/test_memory_qlora_mutants.py"],
     # the presets against transformers' models on the meta device (no weights), ~20 s
-    "memory.presets": _ESTIMATE + ["tests/test_memory_presets.py"],
+    "memory.presets": _ESTIMATE + ["tests/test_memory_presets.py", "tests/test_memory_presets_mutants.py"],
     # the command line in process: parser, keywords, refusals, stub solvers and estimate
     "memory.cli": _ESTIMATE + ["tests/test_memory_cli_mutants.py"],
 }
@@ -30,7 +30,27 @@ _WHOLE = ("{}: the tests before it (n even, n % block == 0, (n // block) % scale
           "whole, and a whole float below 2**53 (every model's weight size) has the same remainder as the int")
 _SET_AFTER = ("breakdown's initial {} -> {}: the loop never reads it and it is assigned (=, not +=) after the loop, "
               "in place (the dict keeps the key's position)")
+_CLI_MODEL = ("run's spec_of(kw, model=ns.model) {}: only config_of's TrainConfig is read from that run, and "
+              "RunSpec.calculator never reads the model (the model reaches the solvers and estimate by ns.model)")
+_SUB_GROUP = ("positive_int's field name 'sub_group_size' -> {}: its ConfigError is a ValueError, caught on the "
+              "next line and replaced by the --sub-group-size message")
 MARKED: dict[str, dict[str, str]] = {
+    "memory.cli": {
+        "x_build_parser__mutmut_2": "ArgumentParser(allow_abbrev=False) -> None: argparse reads it as `if "
+                                    "self.allow_abbrev`, None and False alike",
+        **{f"x__config_kwargs__mutmut_{i}": _SUB_GROUP.format(what) for i, what in (
+            (130, "None"), (134, "'XXsub_group_sizeXX'"), (135, "'SUB_GROUP_SIZE'"))},
+        "x__fsdp_kwargs__mutmut_6": "--no-reshard's 'false' -> 'FALSE': the next line lowers it",
+        "x_run__mutmut_21": "fp8's ns.dtype = 'bf16' -> None: spec_of drops None keywords and RunSpec's dtype "
+                            "defaults to bf16 (kw.pop('dtype', 'bf16')): the same run",
+        **{f"x_run__mutmut_{i}": f"need's key 'min-gpus' -> {what}: .get's default for any other --solve is the "
+           "same ('batch', 'seq')" for i, what in ((41, "'XXmin-gpusXX'"), (42, "'MIN-GPUS'"))},
+        **{f"x_run__mutmut_{i}": _CLI_MODEL.format(what) for i, what in ((89, "-> None"), (92, "left out"))},
+    },
+    "memory.presets": {
+        "x_to_hf_config_dict__mutmut_57": "d.pop(k, None) -> d.pop(k): every key a family drops (attention_bias, "
+                                          "mlp_bias, head_dim) is in d, set a few lines above, so no KeyError",
+    },
     "memory.qlora": {
         "x_check__mutmut_65": "(n // b) % sb -> (n / b) % sb: it is read only where n % b == 0 (the `or`'s first "
                               "test is False), so n / b is whole, and a whole float below 2**53 (every model's "

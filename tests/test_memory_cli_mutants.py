@@ -200,7 +200,8 @@ def test_reshard_after_forward_refuses_anything_else(value):
         cli._fsdp_kwargs(parse("--reshard-after-forward", value))
 
 
-@pytest.mark.parametrize("text,want", [("20000", 20000), ("1e9", 10 ** 9), ("5e2", 500), ("1000000000", 10 ** 9)])
+@pytest.mark.parametrize("text,want", [("20000", 20000), ("1e9", 10 ** 9), ("5e2", 500), ("1000000000", 10 ** 9),
+                                       ("9007199254740993", 2 ** 53 + 1)])  # digits are read exactly, not as a float
 def test_sub_group_size_as_deepspeeds_json_writes_it(text, want):
     got = cli._config_kwargs(parse("--sub-group-size", text))["sub_group_size"]
     assert got == want and type(got) is int
