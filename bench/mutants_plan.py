@@ -72,6 +72,22 @@ MARKED: dict[str, dict[str, str]] = {
            "takes visible None as True" for i, what in ((93, "-> grid(None, ...)"), (96, "-> visible left out"))},
         "x_plot__mutmut_101": "grid's which='both' -> 'BOTH': Axis.grid lower-cases it first",
     },
+    "plan.calibrate": {
+        **{f"x__dtensor_calibration__mutmut_{i}": f"the 1-rank group's backend 'gloo' {what}: the calibration's "
+           "mesh is init_device_mesh('cpu'), whose collectives (none on one rank) run on the group's CPU backend, "
+           "gloo either way (torch 2.13)" for i, what in (
+               (3, "-> None (torch's default: cpu:gloo, plus nccl for CUDA tensors where built)"),
+               (7, "left out (the same default)"), (12, "-> 'GLOO' (Backend() lower-cases the name)"))},
+        **{f"x__dtensor_calibration__mutmut_{i}": f"apply_lm(model, mesh, 1, 0)'s {what}: CALIBRATION_MODEL has 2 "
+           "query and 2 K/V heads, so kv >= tp for tp 1 and 2 (K/V split, no replication: the rank is read only to "
+           "replicate K/V heads when kv < tp) and num_key_value_groups (2 // tp) // max(2 // tp, 1) is 1 for both"
+           for i, what in ((66, "rank 0 -> None"), (71, "tp 1 -> 2"), (72, "rank 0 -> 1"))},
+        "x__dtensor_calibration__mutmut_78": "AdamW's lr 1e-3 -> 1.001: the rate scales the update's values only; "
+                                             "the optimizer runs the same ops (counted) on the same shapes (timed)",
+        **{f"x__dtensor_calibration__mutmut_{i}": f"the step's use_cache=False {what}: coursekit.models.build_model "
+           "sets the config's use_cache False, which the forward reads when it is not given" for i, what in (
+               (80, "-> None"), (82, "left out"))},
+    },
     "plan.measure": {
         **{f"x_host_hardware__mutmut_{i}": f"the half dimension's bisection {what}: the root (a half dimension well "
            "inside [0, 1e5]) is bracketed either way and 100 halvings of a 1e5-wide bracket (1e5 / 2^100 ~ 8e-26) "
@@ -137,6 +153,27 @@ MARKED: dict[str, dict[str, str]] = {
            "TrainConfig(**kw) refuses with ConfigError only (memory.train_config: choice, positive_int and its own "
            "checks); the run's LayoutError (RunSpec.calculator) comes from _run, before the try"
            for i, what in ((38, "-> ConfigError(None)"), (39, "-> ConfigError('None')"))},
+        "x_plan__mutmut_133": "a stub over the capacity's skipped.add(key) -> add(None): the one later stub of a key "
+                              "is the ulysses one after its ring stub (the key leaves out only cp_impl), and Ulysses "
+                              "saves ring's sizes head-sharded plus the output once more (memory.activations' "
+                              "docstring and _attention: q, k/v, log-sum-exp each >= ring's, one more output), so its "
+                              "smallest configuration is over the capacity too and no nearer (closest keeps the first "
+                              "of a tie)",
+        **{f"x_plan__mutmut_{i}": f"the op-policy skip {what}: it skips less, and what it no longer skips the "
+           "calculator refuses (memory.op_recompute.check: cp > 1, ep > 1, or tp > 1 on an MoE block -> ConfigError), "
+           "which the micro-batch loop catches for every micro-batch: no candidate, and no closest (peak raises before "
+           "it records one)" for i, what in (
+               (147, "rc == 'op' -> 'XXopXX' (never)"), (148, "rc == 'op' -> 'OP' (never)"),
+               (149, "'recompute' not in fixed -> a misspelt key (always)"),
+               (150, "'recompute' not in fixed -> 'RECOMPUTE' (always)"),
+               (151, "'recompute' not in fixed -> in fixed"), (152, "cp/ep or (tp and MoE) -> and"),
+               (158, "max(cp, ep) > 1 -> > 2"), (161, "tp > 1 -> tp > 2 on an MoE model"))},
+        "x_plan__mutmut_162": "the op-policy skip's continue -> break: op is the last of RECOMPUTE (and a fixed "
+                              "recompute is a one-item list), so nothing follows it in the loop",
+        "x_plan__mutmut_184": "a ConfigError's continue -> break in the micro-batch loop: the calculator's refusals "
+                              "there do not depend on the micro-batch (recompute, kernel, degrees: fixed in the loop), "
+                              "except dualpipev's micro-batches >= 2 pp (pp_order), and m = B / (dp x mb) only falls "
+                              "as the micro-batch grows; RoundsError, the one that does not, is caught just before",
         "x_layouts_of__mutmut_60": "pp x v > layers: continue -> break: v runs 1, 2, 4 upward, so once pp x v is over "
                                    "the layers every later v is too",
         "x_layouts_of__mutmut_86": "a refused layout's continue -> break in the ep loop: there only Layout's ep rule "

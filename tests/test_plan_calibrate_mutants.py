@@ -141,7 +141,8 @@ def test_the_dtensor_calibration_counts_the_ops_steptime_states(monkeypatch):
     (counted, not fitted: DTENSOR_OPS_TP_LAYER / _SP_LAYER per layer plus DTENSOR_OPS_OUTSIDE_LAYERS for the
     vocab-parallel embedding and head), DTENSOR_OPT_OPS optimizer ops per DTensor parameter, OPT_OPS_PER_TENSOR per
     plain tensor (the trainer's AdamW); every variant holds the model's 75 parameter tensors. Catches a variant's sp
-    flag, the counters, the step and the optimizer step swapped, the group left behind."""
+    flag, the counters, the step and the optimizer step swapped, the thread count, the input's shape, the seed,
+    a KV cache built, the group left behind."""
     import torch.distributed as dist
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -154,15 +155,42 @@ def test_the_dtensor_calibration_counts_the_ops_steptime_states(monkeypatch):
             Ops.n += 1
             return func(*args, **(kwargs or {}))
 
+    shapes = []
+
     def ops_of(fn, reps=3):
+        free = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+        if "ids" in free:  # the forward + backward step: what it feeds the model
+            shapes.append(tuple(free["ids"].shape))
         Ops.n = 0
         with Ops():
             fn()
         return float(Ops.n)
 
+    import torch
+
+    import coursekit.models as models
+
+    real_build, seeds, caches = models.build_model, [], []
+
+    def build(cfg, **kw):  # the real model, its seed and each forward's KV cache noted
+        seeds.append(kw.get("seed"))
+        m = real_build(cfg, **kw)
+        m.register_forward_hook(lambda mod, args, out: caches.append(out.past_key_values))
+        return m
+
+    monkeypatch.setattr(models, "build_model", build)
     monkeypatch.setattr(calibrate, "_median_time", ops_of)
-    raw = calibrate._dtensor_calibration()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        raw = calibrate._dtensor_calibration()
+        assert torch.get_num_threads() == 1  # one thread, as the trainer's workers run
+    finally:
+        torch.set_num_threads(before)
     assert not dist.is_initialized()
+    assert shapes == [(1, 8)] * 3  # one sequence of 8 tokens, the shape zero3_hook_cost trains (seq 8, batch 1)
+    assert seeds == [0, 0, 0]  # the same weights for the three (the trainer's seed), so only the plan differs
+    assert caches and all(c is None for c in caches)  # a training step: no KV cache built
     layers = CALIBRATION_MODEL["num_hidden_layers"]
     plain, tp, sp = raw["plain"], raw["tp"], raw["tp_sp"]
     assert set(raw) == {"plain", "tp", "tp_sp"}
