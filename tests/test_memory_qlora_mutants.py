@@ -19,7 +19,8 @@ from coursekit.memory.shapes import ModelShape
 
 
 def shape(**kw):
-    """hidden 2, q width 3, kv width 5, ffn 7, vocab 13: every projection's in and out tell which field they came from."""
+    """hidden 2, q width 3, kv width 5, ffn 7, vocab 13: each projection's in and out tell which field they came
+    from."""
     return SimpleNamespace(**{"arch": "llama", "experts": 0, "layers": 2, "hidden": 2, "q_width": 3, "kv_width": 5,
                               "ffn": 7, "vocab": 13, "head_dim": 17, "qkv_bias": False, "o_bias": False,
                               "mlp_bias": False, "qk_norm": False, "tied_embeddings": False, **kw})
@@ -166,7 +167,8 @@ def test_frozen_rest_of_real_presets():
 # NF4 pieces: q, k, v, o have 4 elements -> 2 + 2 + 4·(2 // 2) = 8 bytes each; gate, up, down 8 -> 4 + 4 + 4·2 = 16:
 # a block's NF4 is 4·8 + 3·16 = 80, a rank holds 80 / 2 + 68 · 7 weights = 516 per block -> 1032.
 # Adapters (dim 0, row): q's A (1, 2), B (2, 1), down's A (1, 4), B (2, 1). Padded rows per rank ceil(d0 / 2):
-# 1·2 + 1·1 + 1·4 + 1·1 = 8 elements a block -> 4 bytes · 16 = 64; the gathered ceil(d0 / 2)·2 rows: 4 + 2 + 8 + 2 = 16.
+# 1·2 + 1·1 + 1·4 + 1·1 = 8 elements a block -> 4 bytes · 16 = 64; the gathered ceil(d0 / 2)·2 rows:
+# 4 + 2 + 8 + 2 = 16.
 # Unpadded local rows (torch.chunk): rank 0 keeps 1 of each dim 0 (2 + 1 + 4 + 1 = 8), rank 1 the second row of each
 # B only (0 + 1 + 0 + 1 = 2): 16 and 4 over two blocks. Frozen: two norms of 2 a block (1 + 1 padded rows, 2 + 2
 # gathered), the root's embedding (5, 2) -> 3 rows · 2 = 6 (12 gathered), final norm 1 (2), head 6 (12): 4·(2·2 + 13)
