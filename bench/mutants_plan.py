@@ -174,6 +174,9 @@ MARKED: dict[str, dict[str, str]] = {
                               "there do not depend on the micro-batch (recompute, kernel, degrees: fixed in the loop), "
                               "except dualpipev's micro-batches >= 2 pp (pp_order), and m = B / (dp x mb) only falls "
                               "as the micro-batch grows; RoundsError, the one that does not, is caught just before",
+        "xǁ_Evaluatorǁpeak__mutmut_32": "peak's precision '16psi' for a 16-bit dtype -> None: TrainConfig takes None "
+                                        "as its default, 16psi for a 16-bit dtype (memory.train_config), and the run's "
+                                        "own (ddp's fp32 autocast) is overridden either way",
         "x_layouts_of__mutmut_60": "pp x v > layers: continue -> break: v runs 1, 2, 4 upward, so once pp x v is over "
                                    "the layers every later v is too",
         "x_layouts_of__mutmut_86": "a refused layout's continue -> break in the ep loop: there only Layout's ep rule "

@@ -356,7 +356,43 @@ def test_interleaved_stubs_whose_micro_batch_1_cannot_split_into_rounds_are_stil
     with pytest.raises(NoFit) as e:
         plan(DENSE, gpus=2, seq=64, global_batch=5, fixed={"pp": 2, "virtual_stages": 2},
              hw=replace(hardware("H100-80GB"), memory_bytes=1))
-    assert e.value.closest == Layout(pp=2, virtual_stages=2, micro_batch=5, recompute="full")
+    closest = Layout(pp=2, virtual_stages=2, micro_batch=5, recompute="full")
+    assert e.value.closest == closest
+    # its extra bytes: all of its peak (capacity int(1 x 0.95) = 0), shown in GiB; the GPU's 1 byte as 0.0 GiB
+    assert e.value.extra_bytes == _by_hand(DENSE, closest, seq=64, B=5)
+    assert str(e.value) == (f"no layout fits in 0.0 GiB per GPU (H100-80GB, keeping 5% slack); the closest, "
+                            f"ddp dp1 pp2 v2 mb5 rc-full, needs {e.value.extra_bytes / 2**30:.2f} GiB more per GPU")
+    assert closest.short() == "ddp dp1 pp2 v2 mb5 rc-full"
+
+
+def test_a_search_with_no_layout_that_splits_says_so():
+    """tiny-llama (2 layers, 4 heads) on 3 GPUs with 2 sequences: tp 3 does not split the heads, pp 3 exceeds the
+    layers, cp 3 leaves 21 tokens a rank (< 1024), dp 3 does not split 2 sequences: nothing to price. Catches the
+    message dropped."""
+    from coursekit.plan.search import NoFit
+
+    with pytest.raises(NoFit) as e:
+        plan("tiny-llama", gpus=3, seq=64, global_batch=2)
+    assert str(e.value) == ("no layout of tiny-llama splits over 3 GPUs with global batch 2 and sequence 64 (check "
+                            "that the batch divides over some data-parallel degree)")
+    assert e.value.closest is None and e.value.extra_bytes is None
+
+
+def test_the_search_goes_on_past_refusals_and_keeps_every_fitting_micro_batch():
+    """Eager attention: the calculator refuses every cp > 1 stub (CP needs a flash kernel), and the search goes on to
+    tp 2 and tp 4 (visited after tp 1's cp 2); each stub and policy keeps every micro-batch that fits (per-rank batch
+    2 over dp 2: micro-batches 1 and 2); op (torchtitan's policy) is searched where the calculator models it: dense
+    blocks under tp, an MoE model at tp 1 without EP. Catches continue -> break after a refusal, the fit test's
+    `not` dropped, the op skip widened."""
+    found = plan(DENSE, gpus=4, seq=2048, global_batch=4, attention="eager")
+    assert {c.layout.cp for c in found} == {1} and {c.layout.tp for c in found} == {1, 2, 4}
+    two = plan("tiny-llama", gpus=2, seq=64, global_batch=4)
+    ddp = [c.layout for c in two if c.layout.short().startswith("ddp dp2 ") and c.layout.recompute == "none"]
+    assert sorted(L.micro_batch for L in ddp) == [1, 2]
+    assert {c.layout.tp for c in two if c.layout.recompute == "op"} == {1, 2}
+    moe = plan(MOE, gpus=2, seq=64, global_batch=4)
+    assert any(c.layout.recompute == "op" and c.layout.tp == c.layout.ep == 1 for c in moe)
+    assert not any(c.layout.recompute == "op" and max(c.layout.ep, c.layout.tp) > 1 for c in moe)
 
 
 def _by_hand(shape, L, *, seq, B, dtype="bf16", attention="flash"):
@@ -374,23 +410,42 @@ def _by_hand(shape, L, *, seq, B, dtype="bf16", attention="flash"):
     return estimate(shape, TrainConfig(**kw)).peak_bytes
 
 
-@pytest.mark.parametrize("L, dtype, attention", [
-    (Layout(dp_replicate=2), "bf16", "flash"),  # ddp: the run's own precision is autocast; the planner's 16psi
-    (Layout(dp_replicate=2), "fp32", "flash"),
-    (Layout(dp_replicate=2), "fp8", "flash"),  # sized as bf16
-    (Layout(dp_replicate=2, micro_batch=2, recompute="selective"), "bf16", "eager"),
-    (Layout(pp=2, micro_batch=1, recompute="full", recompute_layers=1), "bf16", "flash"),  # 8 micro-batches in flight
-    (Layout(dp_shard=2, engine="fsdp2", micro_batch=2), "fp16", "flash"),
+@pytest.mark.parametrize("L, dtype, attention, seq", [
+    (Layout(dp_replicate=2), "bf16", "flash", 64),  # ddp: the run's own precision is autocast; the planner's 16psi
+    (Layout(dp_replicate=2), "fp32", "flash", 64),
+    (Layout(dp_replicate=2), "fp8", "flash", 64),  # sized as bf16
+    # 512 tokens: the saved activations (eager: the 512 x 512 scores) make the peak, not the optimizer step
+    (Layout(dp_replicate=2, micro_batch=4), "bf16", "eager", 512),
+    (Layout(dp_replicate=2, micro_batch=2, recompute="selective"), "bf16", "eager", 512),
+    (Layout(pp=2, micro_batch=1, recompute="full", recompute_layers=1), "bf16", "flash", 64),  # 8 micro-batches
+    (Layout(pp=2, micro_batch=2, pp_schedule="gpipe"), "bf16", "flash", 512),  # GPipe holds all 4 micro-batches
+    (Layout(dp_shard=2, engine="fsdp2", micro_batch=2), "fp16", "flash", 64),
+    (Layout(dp_shard=2, engine="fsdp2"), "fp32", "flash", 64),  # fp32: no 16psi (FSDP2 gathers 4-byte weights)
 ])
-def test_the_evaluators_peak_is_the_calculators_for_the_stated_configuration(L, dtype, attention):
+def test_the_evaluators_peak_is_the_calculators_for_the_stated_configuration(L, dtype, attention, seq):
     """Catches each keyword of the evaluator's configuration changed or dropped: the dtypes' mapping, the kernel and
     impl, the micro-batch count, the pipeline runtime (torch's keeps every micro-batch's buffers), the precision."""
     from coursekit.plan.search import _Evaluator
 
     shape = DENSE
-    ev = _Evaluator(shape, make_cluster(2, 8), 64, 8, dtype, attention)
-    assert ev.peak(L) == _by_hand(shape, L, seq=64, B=8, dtype=dtype, attention=attention)
+    ev = _Evaluator(shape, make_cluster(2, 8), seq, 8, dtype, attention)
+    assert ev.peak(L) == _by_hand(shape, L, seq=seq, B=8, dtype=dtype, attention=attention)
     assert ev.peak(L) == ev.cache[L]  # cached
+
+
+def test_the_peaks_inputs_each_matter_here():
+    """The cases above tell the keywords apart: eager keeps more than the flash-sized sdpa at 512 tokens; GPipe's
+    peak grows with its micro-batch count. (So a changed kernel or count shows in the comparison above.)"""
+    from coursekit.memory import TrainConfig, estimate
+
+    L = Layout(dp_replicate=2, micro_batch=4)
+    eager = _by_hand(DENSE, L, seq=512, B=8, attention="eager")
+    run = L.spec(seq=512, dtype="bf16", attention="sdpa").calculator()
+    sdpa_hf = estimate(DENSE, TrainConfig(**{**run, "batch": 4, "microbatches": 1, "impl": "hf",
+                                             "pp_runtime": "megatron", "precision": "16psi"})).peak_bytes
+    assert eager > sdpa_hf
+    g = Layout(pp=2, micro_batch=2, pp_schedule="gpipe")
+    assert _by_hand(DENSE, g, seq=512, B=16) > _by_hand(DENSE, g, seq=512, B=8)  # 8 micro-batches against 4
 
 
 def test_the_evaluators_closest_misfit_is_the_least_over_the_capacity_the_first_of_a_tie():
