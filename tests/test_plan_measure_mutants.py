@@ -166,8 +166,9 @@ class _Clock:
 
 def test_sustained_runs_each_trial_for_the_window_and_takes_the_median(monkeypatch):
     """Each trial calls fn until at least ``window`` seconds passed (at exactly the window: stop), then counts
-    elapsed / calls; the median trial is the answer. Durations of 1/16 s: a 1/8 s window takes 2 calls; the trials
-    below give 1/16, 1/4 and (1/16 + 1/16 + ... ) per call. Catches >= -> >, the count, the median, reps."""
+    elapsed / calls; the median trial is the answer. With a 1/8 s window the trials below take 2 calls of 1/16 s
+    (exactly the window: stop), 1 of 1/2 and 4 of 1/32: 1/16, 1/2 and 1/32 per call, median 1/16. Catches >= -> >,
+    the count, the median, reps and the window's default."""
     clock = _Clock()
     monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=clock.now))
     steps = iter([1 / 16, 1 / 16,  # trial 1: 2 calls reach 1/8 exactly -> 1/16 per call
