@@ -48,6 +48,10 @@ MARKED: dict[str, dict[str, str]] = {
         **{f"x_run__mutmut_{i}": _CLI_MODEL.format(what) for i, what in ((89, "-> None"), (92, "left out"))},
     },
     "memory.presets": {
+        **{f"x__{fn}__mutmut_{i}": f"_{fn}'s ModelShape(arch='llama', ...) left out: ModelShape's arch defaults to "
+           "'llama'" for fn, i in (("llama", 18), ("qwen3", 23), ("mixtral", 18))},
+        "x__mixtral__mutmut_29": "_mixtral's ModelShape(norm_eps=1e-5) left out: ModelShape's norm_eps defaults to "
+                                 "1e-5",
         "x_to_hf_config_dict__mutmut_57": "d.pop(k, None) -> d.pop(k): every key a family drops (attention_bias, "
                                           "mlp_bias, head_dim) is in d, set a few lines above, so no KeyError",
     },
