@@ -6,6 +6,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -182,9 +183,21 @@ def test_the_notebooks_interrupt_reaches_every_rank(pool, capsys):
     """A notebook's interrupt is SIGINT to the kernel while ``run`` waits: ``run`` raises KeyboardInterrupt here
     and passes the interrupt on to every rank, so the next cell (queued behind the looping one on each rank) runs
     at once; had the ranks not been told, it would time out."""
-    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    import tempfile
+
+    looping = Path(tempfile.mkdtemp()) / "looping"
+
+    def interrupt_once_both_loop():  # not at a fixed delay: on a loaded machine the cell may not be sent yet
+        end = time.monotonic() + 20
+        while len(list(looping.parent.glob("looping-*"))) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_both_loop, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        pool.run("import time\nwhile True:\n    time.sleep(0.01)\n", timeout=20)
+        pool.run(f"import time\nopen('{looping}-' + str(rank), 'w').close()\nwhile True:\n    time.sleep(0.01)\n",
+                 timeout=30)
     pool.run("t = torch.ones(1); dist.all_reduce(t); print('after', t.item())", timeout=10)
     out = capsys.readouterr().out
     assert "[rank 0] after 2.0" in out and "[rank 1] after 2.0" in out, out
