@@ -310,8 +310,8 @@ def test_a_quiet_launch_in_a_notebook_says_when_each_run_starts_and_ends(monkeyp
 def test_the_trainer_forks_from_an_agent_that_preloaded_the_run(monkeypatch):
     """On CPU a module target whose package has ``preload(args)`` (coursekit.train) runs in workers torchrun forks from
     its agent (torchrun's own --run-path mode, on the package's __main__.py) after ``preload(args)``; a script, a
-    package without preload, a command that names its start method and $COURSEKIT_LAUNCH_FORK=0 keep one interpreter
-    per worker."""
+    package without preload, a command that names its start method, a GPU node (unless COURSEKIT_DEVICE=cpu) and
+    $COURSEKIT_LAUNCH_FORK=0 keep one interpreter per worker."""
     from pathlib import Path
 
     import coursekit.train
@@ -330,9 +330,15 @@ def test_the_trainer_forks_from_an_agent_that_preloaded_the_run(monkeypatch):
     for argv in ([*head, "job.py", "--steps", "1"], [*head, "-m", "coursekit.memory", "--model", "gpt2"],
                  [*head, "--start-method", "spawn", "-m", "coursekit.train"]):
         assert launcher._forking(list(argv)) == argv
+    monkeypatch.setattr(launcher, "GPU_DEVICES", (__file__,))  # a GPU node (a device file that exists) ...
+    monkeypatch.delenv("COURSEKIT_DEVICE")
+    assert launcher._forking([*head, "-m", "coursekit.train"]) == [*head, "-m", "coursekit.train"]
+    monkeypatch.setenv("COURSEKIT_DEVICE", "cpu")  # ... told to run on its CPUs forks again
+    assert launcher._forking([*head, "-m", "coursekit.train"])[len(head):][:3] == ["--run-path", "--start-method",
+                                                                               "fork"]
     monkeypatch.setenv(launcher.FORK_ENV, "0")
     assert launcher._forking([*head, "-m", "coursekit.train"]) == [*head, "-m", "coursekit.train"]
-    assert len(seen) == 2  # preload ran once, for the one forked case
+    assert len(seen) == 4  # preload (and the signals' reset) for the two forked cases only
 
 
 def test_a_forked_worker_gets_a_fresh_interpreters_signal_handlers():

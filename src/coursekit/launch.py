@@ -325,6 +325,7 @@ def notebook_progress(target: str, args, nproc: int, *, by: str = "launch", rank
 # skip theirs: ``finish``). A failure raises as under ``-m torch.distributed.run`` (its summary, exit code 1).
 AGENT = "from coursekit.launch import agent; agent()"
 FORK_ENV = "COURSEKIT_LAUNCH_FORK"  # "0": every worker its own interpreter, even where the target could be forked
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")  # an NVIDIA or AMD (ROCm) GPU node: workers are never forked there
 
 
 def agent(argv=None) -> None:
@@ -334,7 +335,7 @@ def agent(argv=None) -> None:
     run needs once (torch, transformers, the model's modules) and torchrun forks the workers from it
     (``--run-path --start-method fork``: torchrun's own way to run a script in forked workers, here the package's
     ``__main__.py``), so no worker starts an interpreter or imports torch itself (~2/3 of a small run's wall time on
-    2 cores). Not on CUDA (a process must not fork after the driver is touched, and the workers are
+    2 cores). Not on a GPU node (a process must not fork after the driver is touched, and the workers are
     separate interpreters there as ever), not under ``$COURSEKIT_LAUNCH_FORK=0``, nor when the command already
     names a start method."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -350,7 +351,7 @@ def agent(argv=None) -> None:
 def _forking(argv: list) -> list:
     """The torchrun argv for forked workers of a preloaded target (see ``agent``), or ``argv`` as it is."""
     if (os.environ.get(FORK_ENV) == "0" or "-m" not in argv or {"--start-method", "--run-path", "-r"} & set(argv)
-            or (os.environ.get("COURSEKIT_DEVICE", "").lower() != "cpu" and Path("/dev/nvidiactl").exists())):
+            or (os.environ.get("COURSEKIT_DEVICE", "").lower() != "cpu" and any(map(os.path.exists, GPU_DEVICES)))):
         return argv
     i = argv.index("-m")
     target, args = argv[i + 1], argv[i + 2:]
