@@ -194,10 +194,16 @@ def test_the_notebooks_interrupt_reaches_every_rank(pool, capsys):
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt_once_both_loop, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        pool.run(f"import time\nopen('{looping}-' + str(rank), 'w').close()\nwhile True:\n    time.sleep(0.01)\n",
-                 timeout=30)
+    # a kernel's SIGINT raises KeyboardInterrupt; a suite started in the background (`cmd &` in a script) inherits
+    # SIGINT ignored, so the test puts Python's own handler in place for its duration
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_both_loop, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(f"import time\nopen('{looping}-' + str(rank), 'w').close()\nwhile True:\n    time.sleep(0.01)\n",
+                     timeout=30)
+    finally:
+        signal.signal(signal.SIGINT, old)
     pool.run("t = torch.ones(1); dist.all_reduce(t); print('after', t.item())", timeout=10)
     out = capsys.readouterr().out
     assert "[rank 0] after 2.0" in out and "[rank 1] after 2.0" in out, out
