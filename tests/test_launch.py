@@ -339,6 +339,14 @@ def test_the_trainer_forks_from_an_agent_that_preloaded_the_run(monkeypatch):
     monkeypatch.setenv(launcher.FORK_ENV, "0")
     assert launcher._forking([*head, "-m", "coursekit.train"]) == [*head, "-m", "coursekit.train"]
     assert len(seen) == 4  # preload (and the signals' reset) for the two forked cases only
+    monkeypatch.delenv(launcher.FORK_ENV)
+
+    def broken(args):
+        raise ImportError("a broken install")
+
+    monkeypatch.setattr(coursekit.train, "preload", broken)  # the workers import in their own interpreters and say why
+    assert launcher._forking([*head, "-m", "coursekit.train"]) == [*head, "-m", "coursekit.train"]
+    assert len(seen) == 4
 
 
 def test_a_forked_worker_gets_a_fresh_interpreters_signal_handlers():

@@ -210,7 +210,8 @@ def _first_failure(log: str, logdir: Path) -> tuple[int | None, str]:
             continue
     for f in logdir.rglob("error.json"):  # a forked worker's (``agent``): torchrun's wrapper wrote its traceback here
         with contextlib.suppress(ValueError, KeyError, TypeError, OSError):
-            r, tb = int(f.parent.name), _frames_of_the_job(json.loads(f.read_text())["message"]["extraInfo"]["py_callstack"])
+            stack = json.loads(f.read_text())["message"]["extraInfo"]["py_callstack"]
+            r, tb = int(f.parent.name), _frames_of_the_job(stack)
             per_rank[r] = (per_rank.get(r, ("", 0))[0] + "\n" + tb, f.stat().st_mtime)
     failed = [r for r, (text, _) in per_rank.items() if "Traceback" in text]
     m = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", log, re.S)
@@ -362,7 +363,10 @@ def _forking(argv: list) -> list:
         return argv
     if main is None or not main.origin:
         return argv
-    preload(args)
+    try:
+        preload(args)
+    except Exception:  # noqa: BLE001 - whatever failed, the workers meet it in their own interpreters and say so
+        return argv
     os.register_at_fork(after_in_child=_fresh_signals)
     return [*argv[:i], "--run-path", "--start-method", "fork", main.origin, *args]
 
