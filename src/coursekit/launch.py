@@ -337,8 +337,8 @@ def agent(argv=None) -> None:
     (``--run-path --start-method fork``: torchrun's own way to run a script in forked workers, here the package's
     ``__main__.py``), so no worker starts an interpreter or imports torch itself (~2/3 of a small run's wall time on
     2 cores). Not on a GPU node (a process must not fork after the driver is touched, and the workers are
-    separate interpreters there as ever), not under ``$COURSEKIT_LAUNCH_FORK=0``, nor when the command already
-    names a start method."""
+    separate interpreters there as ever), not under ``$COURSEKIT_LAUNCH_FORK=0``, not when the command already
+    names a start method, nor when ``preload`` fails (the workers then meet the error in their own interpreters)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     argv = _forking(argv)
     from torch.distributed.run import main
