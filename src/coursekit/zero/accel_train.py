@@ -175,9 +175,14 @@ def main(argv=None) -> int:
             "device": str(acc.device), "losses": losses, "model_class": type(model).__name__, "zero_stage": stage,
             "torch_rank": dist.get_rank() if dist.is_initialized() else None,
             "torch_world": dist.get_world_size() if dist.is_initialized() else None})
+    # everyone arrives before the group goes away (coursekit.dist.destroy's rule): a fast rank's teardown under a
+    # peer still in gloo aborted that peer once in a tier run ("terminate called without an active exception")
+    acc.wait_for_everyone()
     acc.end_training()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from coursekit.launch import finish
+
+    finish(main())  # the trainer's exit: no interpreter teardown of torch's threads once the results are written
