@@ -73,6 +73,8 @@ class Case:
     """The compute dtype: bf16, or fp8 (torchao float8 / Transformer Engine on the linear layers)."""
     compile: bool = False
     """torch.compile on (the run says so)."""
+    kernels: str = "eager"
+    """Element-wise kernels: eager (the modeling code's aten ops) or fused (Megatron-LM / Transformer Engine)."""
     era: dict = field(default_factory=dict)
     """Layout knobs the publication's software did not have, held fixed when ranking (e.g. no sequence parallelism
     before Korthikanti et al. 2022)."""
@@ -313,6 +315,25 @@ CASES = [
                               "94 layers over 8 x 4 chunks: the busiest stage's ceil",
                               "an empty recompute column read as no recompute"]),
 ]
+# Which element-wise kernels each stack runs (steptime: eager = the modeling code's aten ops, as LLM Foundry's MPT
+# and torchtitan's Llama run them; fused = one kernel per norm / bias-activation / bias-dropout-add), and why
+_FUSED = {
+    "(Megatron-LM)": "Megatron-LM's fused kernels (fused LayerNorm, bias-GeLU, bias-dropout-add, masked softmax)",
+    "(DeepSpeed)": "the Megatron GPT model with its fused kernels under ZeRO-3 (the paper compares on the same model)",
+    "(Megatron-DeepSpeed)": "Megatron-DeepSpeed: Megatron's fused kernels",
+    "(Meta)": "fused kernels assumed (the paper does not describe its kernels)",
+    "(NeMo AutoModel)": "Transformer Engine's fused kernels (TE in the recipe)",
+    "(Megatron)": "Megatron-Core with Transformer Engine's fused kernels",
+}
+for _c in CASES:
+    for _stack, _why in _FUSED.items():
+        if _c.name.endswith(_stack):
+            _c.kernels = "fused"
+            _c.assumed = [*_c.assumed, _why]
+            break
+    else:
+        _c.assumed = [*_c.assumed, "eager element-wise kernels (the modeling code's own aten ops)"]
+
 """Cases whose published layout ``python bench/bench_planner.py`` ranks by default (``--search-all`` ranks every
 case): the runs the ranking rule was set on."""
 RANKED = ("GPT 1T (Megatron-LM)", "GPT-3 175B (Megatron-LM)", "BLOOM 176B (Megatron-DeepSpeed)",
@@ -341,7 +362,8 @@ def run_case(c: Case, search: bool = True) -> dict:
         raise ValueError(f"case {c.name!r}: metric {c.metric!r} is not one of {', '.join(METRICS)}")
     shape = resolve_model(c.model)
     kw = dict(gpus=c.gpus, gpus_per_node=c.gpus_per_node, gpu=c.gpu, network=c.network, seq=c.seq,
-              global_batch=c.global_batch, attention=c.attention, dtype=c.dtype, compile=c.compile)
+              global_batch=c.global_batch, attention=c.attention, dtype=c.dtype, compile=c.compile,
+              kernels=c.kernels)
     cand = evaluate(shape, c.layout, **kw)
     p = cand.prediction
     if c.metric == "tflops":
@@ -354,7 +376,8 @@ def run_case(c: Case, search: bool = True) -> dict:
     row = {"case": c.name, "metric": c.metric, "published": c.published, "predicted": predicted,
            "error": predicted / c.published - 1, "fits": cand.fits, "failed": not cand.fits, "era": c.era,
            "peak_gib": cand.peak_bytes / 2**30, "step_time_s": p.step_time_s,
-           "layout": c.layout.short() + (f" {c.dtype}" if c.dtype != "bf16" else "") + (" compile" if c.compile else "")}
+           "layout": c.layout.short() + (f" {c.dtype}" if c.dtype != "bf16" else "") + (" compile" if c.compile else "")
+           + (" fused" if c.kernels == "fused" else "")}
     if search:
         t0 = time.process_time()  # CPU seconds: on a shared machine wall time measures the neighbours
         cands = plan(shape, fixed=c.era, **kw)

@@ -15,6 +15,7 @@ stage 64 + 256·64 = 16,448 (2 tensors).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -22,7 +23,14 @@ from coursekit.flops import flops_per_step
 from coursekit.memory.shapes import ModelShape
 from coursekit.plan.hardware import Hardware, Network
 from coursekit.plan.layout import Layout
-from coursekit.plan.steptime import Cluster, _layer_time, gemm_time, predict
+from coursekit.plan import steptime
+from coursekit.plan.steptime import Cluster, gemm_time
+
+# The toy's element-wise term on paper: the fused kernels' hand count (FUSED_H 32 hidden-vector and FUSED_F 8
+# MLP-vector passes per token); the eager coefficients (the default) are worked out by hand in
+# test_eager_elementwise_by_hand below and checked against op-by-op counts in tests/test_elementwise.py.
+predict = partial(steptime.predict, kernels="fused")
+_layer_time = partial(steptime._layer_time, kernels="fused")
 
 ALPHA, BW = 10e-6, 1e9
 TOY = Hardware(name="toy", memory_bytes=10**12, peak_flops={"bf16": 1e12, "fp32": 0.5e12}, hbm_bw=1e12 / 0.85,
@@ -40,7 +48,7 @@ PER_LAYER, FIRST, LAST, TENSORS = 36992, 16384, 16448, 9
 # GEMM K·N: q,k,v 64·(4+2·2)·16 = 8192, o 64·64 = 4096, gate+up 64·256 = 16384, down 128·64 = 8192 -> 36,864
 G = 2 * T * 36864 / 1e12  # forward GEMMs: 75.5 us; the layer runs them 3x (forward + two backward GEMMs)
 A = 4 * MB * 4 * SEQ * SEQ * 16 * 0.5 / (1e12 * 0.5)  # causal flash: 4·b·a·s²·d/2 FLOP at half the peak: 67.1 us
-E = T * (32 * 64 + 8 * 128) * 2 / 1e12  # element-wise: E_H = 32 hidden + E_F = 8 ffn vectors per token, bf16: 6.3 us
+E = T * (32 * 64 + 8 * 128) * 2 / 1e12  # element-wise (fused): 32 hidden + 8 ffn vectors per token, bf16: 6.3 us
 LAYER = 3 * G + A + 2.5 * A + E  # backward attention = 2.5 x forward
 # LM head: 3 x (1024 x 64 @ 64 x 256) = 3 · 33.6 us; the loss reads / writes fp32 logits 6 times: 6·1024·256·4 B
 HEAD = 3 * 2 * T * 64 * 256 / 1e12 + 6 * T * 256 * 4 / 1e12
@@ -356,7 +364,7 @@ def test_json_row_and_per_gpu_rates_of_a_two_gpu_step():
                            "hfu": p.hfu, "links": {"dp": "nvlink"},
                            # DDP's one overlap (its reducer's buckets behind backward), on by default; fp32 gradients
                            "overlap": {"grad_reduce": True, "grad_reduce_dtype": "fp32"},
-                           "run": {"gemm_dtype": "bf16", "compile": False}}
+                           "run": {"gemm_dtype": "bf16", "compile": False, "kernels": "fused"}}
     # 16 x 256 tokens per step over 2 GPUs; MFU / HFU: the step's FLOPs over 2 GPUs x 1 TFLOP/s
     assert p.tokens_per_s_per_gpu == pytest.approx(16 * SEQ / p.step_time_s / 2, rel=1e-12)
     assert p.mfu == pytest.approx(flops_per_step(SHAPE, 16, SEQ)["total"] / (p.step_time_s * 2e12), rel=1e-12)
@@ -632,7 +640,7 @@ def test_fp8_compile_and_per_layer_recompute_by_hand():
     fp8 = predict(SHAPE, Layout(micro_batch=MB), cluster(1, hw), seq=SEQ, global_batch=8, dtype="fp8")
     assert fp8.compute_s == pytest.approx(2 * (4 * (LAYER - 1.5 * G + cast) + HEAD), rel=1e-12)
     assert fp8.mfu == pytest.approx(flops_per_step(SHAPE, 8, SEQ)["total"] / (fp8.step_time_s * 1e12), rel=1e-12)
-    assert fp8.run == {"gemm_dtype": "fp8", "compile": False}
+    assert fp8.run == {"gemm_dtype": "fp8", "compile": False, "kernels": "fused"}
     with pytest.raises(ValueError, match="no fp8 peak"):
         predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, dtype="fp8")
     comp = predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, compile=True)
@@ -652,3 +660,47 @@ def test_fp8_compile_and_per_layer_recompute_by_hand():
     none = predict(deep, Layout(pp=2, virtual_stages=2, micro_batch=MB), cluster(2), **args)
     fullp = predict(deep, Layout(pp=2, virtual_stages=2, micro_batch=MB, recompute="full"), cluster(2), **args)
     assert half.compute_s - none.compute_s == pytest.approx((fullp.compute_s - none.compute_s) / 2, rel=1e-12)
+
+
+def test_eager_elementwise_by_hand():
+    """The default (eager) element-wise term from ELEMENTWISE's coefficients, by hand: h, the query width, the K/V
+    width and the MLP width per TP rank, biases one pass of their output each, gpt2's gelu_new and dropout, a MoE
+    block's top_k x expert_ffn and top_k x h over the TP ranks' token split; fused is FUSED_H x h + FUSED_F x f.
+    Catches a coefficient on the wrong width, a TP or SP division dropped or added, biases or extras ignored."""
+    per_token = steptime.elementwise_per_token
+    llama = 152.19 * 64 + 27.49 * 64 + 25.79 * 32 + 14.24 * 128 + 3.2
+    assert per_token(SHAPE) == pytest.approx(llama, rel=1e-12)
+    assert per_token(SHAPE, kernels="fused") == pytest.approx(32 * 64 + 8 * 128, rel=1e-12)
+    # tp 2: heads, K/V heads and ffn split; the hidden-width work whole unless SP splits it
+    tp2 = 27.49 * 32 + 25.79 * 16 + 14.24 * 64 + 3.2
+    assert per_token(SHAPE, tp=2) == pytest.approx(152.19 * 64 + tp2, rel=1e-12)
+    assert per_token(SHAPE, tp=2, sp=True) == pytest.approx(152.19 * 32 + tp2, rel=1e-12)
+    # tp 4 over 2 K/V heads: each rank keeps one K/V head (16 wide)
+    assert per_token(SHAPE, tp=4) == pytest.approx(152.19 * 64 + 27.49 * 16 + 25.79 * 16 + 14.24 * 32 + 3.2,
+                                                   rel=1e-12)
+    # qwen2: q, k, v biased (+ q + 2 kv), o_proj not; and every bias of a llama with mlp_bias: + 2 f + h
+    qwen2 = ModelShape(arch="llama", family="qwen2", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256,
+                       qkv_bias=True)
+    assert per_token(qwen2) == pytest.approx(llama + 64 + 2 * 32, rel=1e-12)
+    assert per_token(replace(SHAPE, mlp_bias=True)) == pytest.approx(llama + 2 * 128 + 64, rel=1e-12)
+    # gpt2 (biased q, k, v, o, fc, proj; tanh GELU by default): 28.06 h + 5 f + 8, + 41 f, + 5 h + f of biases;
+    # a residual dropout adds 24 h
+    gpt = ModelShape(arch="gpt2", layers=4, hidden=64, heads=4, vocab=256, max_positions=512)  # ffn 256
+    g = 28.06 * 64 + 5 * 256 + 8 + 41 * 256 + (3 * 64 + 64 + 256 + 64)
+    assert per_token(gpt) == pytest.approx(g, rel=1e-12)
+    assert per_token(replace(gpt, resid_dropout=0.1)) == pytest.approx(g + 24 * 64, rel=1e-12)
+    assert per_token(replace(gpt, activation="gelu")) == pytest.approx(g - 41 * 256, rel=1e-12)
+    # mixtral (top 2 of its experts, each ffn 128): no dense MLP term; the sparse block's terms split over TP
+    moe = 159.54 * 64 + 29.88 * 64 + 20.77 * 32 + 1470.5
+    assert per_token(MOE) == pytest.approx(moe + 17.97 * 256 + 40.73 * 128, rel=1e-12)
+    assert per_token(MOE, tp=2) == pytest.approx(159.54 * 64 + 29.88 * 32 + 20.77 * 16 + 1470.5
+                                                 + (17.97 * 256 + 40.73 * 128) / 2, rel=1e-12)
+    assert per_token(MOE, kernels="fused") == pytest.approx(32 * 64 + 8 * 256, rel=1e-12)
+    with pytest.raises(ValueError, match="kernels must be one of eager, fused"):
+        per_token(SHAPE, kernels="triton")
+    # in the layer: t tokens x 2 bytes at 1 TB/s, in place of the fused term E
+    eager_layer = steptime._layer_time(SHAPE, Layout(micro_batch=MB), TOY, t=T, seq=SEQ, act=2, dtype="bf16",
+                                       attention="flash", sp=False)[0]
+    assert eager_layer == pytest.approx(LAYER - E + T * llama * 2 / 1e12, rel=1e-12)
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        steptime.predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, kernels="x")

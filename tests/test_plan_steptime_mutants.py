@@ -10,8 +10,8 @@ import pytest
 
 from coursekit.memory.shapes import ModelShape
 from coursekit.plan.layout import Layout
-from coursekit.plan.steptime import _layer_time, predict
-from test_plan_steptime import (ALPHA, LAYER, MB, MOE, SEQ, SHAPE, TOY, A, E, G, HEAD, T, _layer, call, cluster)
+from test_plan_steptime import (ALPHA, LAYER, MB, MOE, SEQ, SHAPE, TOY, A, E, G, HEAD, T, _layer, _layer_time, call,
+                                cluster, predict)  # the fused element-wise hand count, as there
 
 GPT = ModelShape(arch="gpt2", layers=4, hidden=64, heads=4, vocab=256, max_positions=512)  # ffn 4h = 256, MHA
 

@@ -9,9 +9,13 @@ Compute (per micro-batch, on the busiest pipeline stage: ceil(L/pp) layers plus 
     gradient) with the same three dimensions, so a GEMM's training time is 3 x its forward time.
   * attention core: flash (causal, half the s x s FLOPs; backward 2.5x forward, it recomputes QK^T) at
     attn_fraction of peak; or eager (full s x s batched GEMMs through the roofline + the score-matrix traffic).
-  * element-wise kernels (norms, activation, residuals, rotary, dropout): HBM traffic of E_H reads/writes of a
-    hidden vector per token (each TP rank does all of them unless sequence parallelism splits them) and E_F of an
-    MLP vector, forward + backward, each layer at least OPS_PER_LAYER kernel floors; the loss reads/writes the
+  * element-wise kernels (norms, activation, residuals, rotary, dropout, casts, bias gradients): HBM traffic per
+    token, forward + backward, as ``kernels`` runs them: ``eager`` (default: the modeling code's own aten ops, one
+    kernel each; ELEMENTWISE's coefficients of h, the query and key/value widths and the MLP width, read from
+    ``coursekit.measure.elementwise``'s op-by-op counts of transformers' layers) or ``fused`` (Megatron-LM /
+    Transformer Engine / Apex fused norm, bias-activation and bias-dropout-add kernels: FUSED_H passes of a hidden
+    vector and FUSED_F of an MLP vector, a hand count); each TP rank does the hidden-width part whole unless
+    sequence parallelism splits it; each layer at least OPS_PER_LAYER kernel floors; the loss reads/writes the
     fp32 logits LOSS_PASSES times.
   * recompute: full re-runs every layer's forward (``recompute_layers`` N: the first N layers of each model chunk,
     Megatron's block method: that share of the layers); selective re-runs the attention core; op (torchtitan's per-op
@@ -71,8 +75,32 @@ from coursekit.spec.dims import DERIVED
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
-E_H = 32  # hidden-vector reads+writes per token per layer, fwd+bwd (2 norms, 2 residuals, rotary, dropout, casts)
-E_F = 8  # MLP-width reads+writes per token per layer (activation fn and gate product, fwd+bwd)
+# Eager element-wise traffic of one layer, forward + backward, in elements of the activation dtype per token: the
+# coefficients of h, the query width (heads x head_dim), the key/value width (kv_heads x head_dim), the dense MLP
+# width f, top_k x expert_ffn and top_k x h (a mixture of experts), and a constant. Read by least squares from
+# coursekit.measure.elementwise's counts (transformers 5, bf16, seq 128 x batch 2, 5-8 tiny shapes per family with
+# h, f, heads, kv_heads, head_dim varied; residual < 0.2 %), bias-free: each bias adds one read of its output's
+# gradient (measured: +1.00 per biased output width), and for gpt2 a dropout before each residual add (any p > 0)
+# adds RESID_DROPOUT_H, HF's tanh GELU (gelu_new, a chain of eight ops) GELU_NEW_F. Llama's RMSNorm runs in fp32
+# (casts up and down), rotary is five ops on q and k, SwiGLU three: eager moves ~6x what fused kernels do.
+ELEMENTWISE = {  # family: (h, q, kv, f, top_k x expert_ffn, top_k x h, constant)
+    "llama": (152.19, 27.49, 25.79, 14.24, 0.0, 0.0, 3.2),
+    "qwen3": (153.01, 92.68, 92.58, 14.10, 0.0, 0.0, 133.1),  # + an RMSNorm over each query and key head
+    "mixtral": (159.54, 29.88, 20.77, 0.0, 17.97, 40.73, 1470.5),  # router softmax, top-k, per-expert gather/scatter
+    "qwen3_moe": (154.84, 94.52, 89.91, 0.0, 18.04, 21.59, 912.0),
+    "gpt2": (28.06, 0.0, 0.0, 5.0, 0.0, 0.0, 8.0),  # nn.LayerNorm and F.gelu: one aten kernel each way
+}
+ELEMENTWISE_FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "mixtral": "mixtral",
+                      "qwen3_moe": "qwen3_moe", "gpt2": "gpt2"}
+RESID_DROPOUT_H = 24.0  # gpt2's attention and MLP output dropouts + the embedding's: mask, scale, backward
+GELU_NEW_F = 41.0
+# Fused kernels (Megatron-LM, Transformer Engine, Apex), by hand per layer: 2 norms (forward read + write, backward
+# read x and dy, write dx: 5 passes each), 2 bias-dropout-adds (forward 2 reads + a write + the mask; backward 2.5),
+# the residual branches' gradient sums (3 each), casts; the MLP's fused bias-activation (forward 2, backward 3) and
+# gate product (3)
+FUSED_H = 32
+FUSED_F = 8
+KERNELS = ("eager", "fused")
 # Kernels (aten ops) per step, counted with a TorchDispatchMode on HF LlamaForCausalLM (transformers 5, sdpa):
 # 211 per layer forward + backward (73 + 138), 79 for embedding, head and loss, 9 per parameter tensor in the
 # trainer's single-tensor AdamW (no weight decay). Each costs at least kernel_floor_s: what a tiny model is made of;
@@ -133,7 +161,7 @@ class Prediction:
     overlap: dict = field(default_factory=dict)
     """The overlaps assumed (``coursekit.plan.overlap``: each that applies, on or off) and the gradient dtype."""
     run: dict = field(default_factory=dict)
-    """The run settings priced: the GEMMs' dtype and torch.compile."""
+    """The run settings priced: the GEMMs' dtype, torch.compile and the element-wise kernels (eager / fused)."""
 
     def to_dict(self) -> dict:
         return {"step_time_s": self.step_time_s, "compute_s": self.compute_s, "bubble_s": self.bubble_s,
@@ -166,10 +194,11 @@ def _flops(shape, batch: int, seq: int, recompute: str) -> float:
 
 # -- the model ---------------------------------------------------------------------------------------------------------
 def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: int, dtype: str = "bf16",
-            attention: str = "flash", compile: bool = False) -> Prediction:
+            attention: str = "flash", compile: bool = False, kernels: str = "eager") -> Prediction:
     """Predicted step time of ``layout`` for ``shape`` (a ModelShape) on ``cluster``. ``dtype`` fp8: the linear
     layers' GEMMs on the FP8 tensor cores with torchao float8's dynamic casts, the rest bf16 (MFU then counts
-    against the bf16 peak); ``compile``: torch.compile's fused element-wise kernels (COMPILE_ELEMWISE)."""
+    against the bf16 peak); ``compile``: torch.compile's fused element-wise kernels (COMPILE_ELEMWISE); ``kernels``:
+    eager (the modeling code's aten ops) or fused (Megatron-LM / Transformer Engine kernels)."""
     hw, L = cluster.hw, layout
     gemm_dtype = dtype
     if dtype == "fp8":
@@ -193,7 +222,8 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     # recompute full of only the first N layers of each model chunk (Megatron's block method): that share re-runs
     rc_frac = 1.0 if L.recompute_layers is None else min(1.0, L.recompute_layers * v / stage_layers)
     layer, a_fwd, a_bwd, gemms = _layer_time(shape, L, hw, t=t, seq=seq, act=act, dtype=dtype, attention=attention,
-                                             sp=sp, gemm_dtype=gemm_dtype, compiled=compile, rc_frac=rc_frac)
+                                             sp=sp, gemm_dtype=gemm_dtype, compiled=compile, rc_frac=rc_frac,
+                                             kernels=kernels)
     tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd,
                              rc_frac=rc_frac)
     if ov.get("tp"):  # each collective pipelined with its GEMM in tp chunks: the first chunk, or what the GEMMs leave
@@ -239,7 +269,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                       optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
                       mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds,
                       overlap={**ov, "grad_reduce_dtype": L.grad_reduce_dtype},
-                      run={"gemm_dtype": gemm_dtype, "compile": compile})
+                      run={"gemm_dtype": gemm_dtype, "compile": compile, "kernels": kernels})
 
 
 def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
@@ -255,8 +285,30 @@ def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
     return links.time("all_reduce", (router + experts) * 4 / 3, ("tp",), 3 * stage_layers)
 
 
+def elementwise_per_token(shape, *, tp: int = 1, sp: bool = False, kernels: str = "eager") -> float:
+    """Element-wise reads + writes of one layer, forward + backward, per token on one TP rank, in elements of the
+    activation dtype (ELEMENTWISE's eager coefficients, or the fused hand count)."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+    h, d = shape.hidden, shape.head_dim
+    hs = h / (tp if sp else 1)  # the hidden-width work: every TP rank does it whole unless SP splits the sequence
+    moe_f = shape.moe_ffn * shape.top_k if shape.is_moe else 0
+    if kernels == "fused":
+        return FUSED_H * hs + FUSED_F * (moe_f or shape.ffn) / tp
+    ch, cq, ckv, cf, ckf, ckh, c0 = ELEMENTWISE[ELEMENTWISE_FAMILY[shape.family]]
+    q = shape.heads * d / tp
+    kv = max(1, shape.kv_heads // tp) * d
+    f = 0 if shape.is_moe else shape.ffn / tp
+    biased = (q + 2 * kv) * shape.qkv_bias + hs * shape.o_bias + shape.mlp_bias * (
+        (moe_f / tp if shape.is_moe else (2 * f if shape.mlp == "swiglu" else f)) + hs)
+    out = ch * hs + cq * q + ckv * kv + cf * f + (ckf * moe_f + ckh * shape.top_k * h) / tp * shape.is_moe + c0
+    if shape.arch == "gpt2":
+        out += RESID_DROPOUT_H * hs * (shape.resid_dropout > 0) + GELU_NEW_F * f * (shape.activation == "gelu_new")
+    return out + biased
+
+
 def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=None, compiled=False,
-                rc_frac=1.0) -> tuple[float, float, float, float]:
+                rc_frac=1.0, kernels="eager") -> tuple[float, float, float, float]:
     """Compute of one layer, one micro-batch (forward, backward, recompute): (layer, attention fwd, attention bwd,
     the GEMMs' forward + backward). ``gemm_dtype`` fp8: the linear GEMMs on FP8 tensor cores plus their casts."""
     gd = gemm_dtype or dtype
@@ -285,7 +337,7 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=N
         a_fwd = 2 * gemm_time(seq / cp, d, seq, hw, dtype, bmm)
         a_fwd += SCORE_PASSES / 2 * bmm * (seq / cp) * seq * act / (hw.hbm_bw * HBM_FRACTION)
         a_bwd = 2 * a_fwd
-    elem = t * (E_H * h / (tp if sp else 1) + E_F * f / tp) * act / (hw.hbm_bw * HBM_FRACTION)
+    elem = t * elementwise_per_token(shape, tp=tp, sp=sp, kernels=kernels) * act / (hw.hbm_bw * HBM_FRACTION)
     elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s) * (COMPILE_ELEMWISE if compiled else 1)
     if gd == "fp8":  # each linear's input, weight (forward, again in backward) and output gradient: amax + cast
         elem += sum(FP8_CAST_BYTES * (2 * M * K + 2 * K * N + M * N) for M, K, N in gemms) / (hw.hbm_bw * HBM_FRACTION)
