@@ -1,5 +1,6 @@
 """Shared test set-up: every distributed job runs on CPU with gloo, one thread per process."""
 import os
+import sys
 
 import psutil
 import pytest
@@ -58,3 +59,14 @@ def _orphan_guard(request):
     yield
     if request.node.get_closest_marker("keeps_processes") is None:
         assert_no_orphans()
+
+
+@pytest.fixture(autouse=True)
+def _stage_caches_cleared():
+    """The calculator caches its pipeline-stage walks (coursekit.memory.engines.megatron: _stage, _in_flight,
+    _peak_bytes; the planner asks the same ones thousands of times): each test starts without them, so a result
+    cached by an earlier test (or by mutmut's first run, before it forks per mutant) cannot stand in for the code."""
+    mg = sys.modules.get("coursekit.memory.engines.megatron")
+    if mg is not None:
+        for f in (mg._stage, mg._in_flight, mg._peak_bytes):
+            f.cache_clear()

@@ -21,6 +21,7 @@ the first, so there every stage is estimated.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from coursekit.memory import pp_order
 from coursekit.memory.activations import ActivationReport, activation_bytes
@@ -89,6 +90,21 @@ def chunk_layers(shape, c, g: int) -> int:
 
 def stage(shape, c, i: int) -> Stage:
     """Pipeline rank ``i``'s stages as one TP rank holds them."""
+    return _stage(shape, _StageKey(c.tp, c.ep, c.pp, c.pp_schedule, c.pp_virtual, c.microbatches), i)
+
+
+@dataclass(frozen=True)
+class _StageKey:  # the fields of a run a stage depends on (the planner asks the same ones for many dp / ZeRO choices)
+    tp: int
+    ep: int
+    pp: int
+    pp_schedule: str
+    pp_virtual: int | None
+    microbatches: int
+
+
+@lru_cache(maxsize=8192)
+def _stage(shape, c: _StageKey, i: int) -> Stage:
     per_layer, first, last, tied = shape.local_params(c.tp, c.ep)
     t_layer, t_first, t_last = shape.local_tensors()
     tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
@@ -102,7 +118,7 @@ def stage(shape, c, i: int) -> Stage:
         in_flight = c.microbatches if c.pp_schedule == "gpipe" else min(c.pp - i, c.microbatches)
     else:  # chunk micro-batches held at the peak (the order of the schedule)
         # the most at once (not always when the bytes peak)
-        in_flight = pp_order.peak(c.pp_schedule, c.pp, i, c.microbatches, virtual(c), lambda g: 1)[0]
+        in_flight = _in_flight(c.pp_schedule, c.pp, i, c.microbatches, virtual(c))
     experts = shape.expert_params_per_layer() // c.ep
     return Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
                  (last + tied_copy) if is_last else 0, tensors, in_flight, experts, c.ep)
@@ -169,9 +185,22 @@ def saved_bytes(acts: ActivationReport, stage: Stage, c=None, shape=None, graph_
     whole = {g: acts.stage_bytes(ch.layers, ch.first, ch.last) - step[g] for g, ch in chunks.items()}
     kept = {g: kept_of(ch) - step[g] for g, ch in chunks.items()}
     loss = {g: loss_bytes(acts, ch) for g, ch in chunks.items()}
-    return pp_order.peak(c.pp_schedule, c.pp, stage.index, c.microbatches, virtual(c), whole.__getitem__,
-                         kept.__getitem__ if any(kept.values()) else None, loss.__getitem__,
-                         (lambda g: c.microbatches * step[g]) if any(step.values()) else None)[0]
+    return _peak_bytes(c.pp_schedule, c.pp, stage.index, c.microbatches, virtual(c), tuple(whole.items()),
+                       tuple(kept.items()) if any(kept.values()) else None, tuple(loss.items()),
+                       tuple((g, c.microbatches * n) for g, n in step.items()) if any(step.values()) else None)
+
+
+# the planner asks the same schedules over and over (layouts that differ only in dp, ZeRO stage or overlap hold the
+# same bytes per pipeline stage): both walks are pure functions of their integer arguments, cached
+@lru_cache(maxsize=8192)
+def _in_flight(schedule: str, pp: int, rank: int, m: int, v: int) -> int:
+    return pp_order.peak(schedule, pp, rank, m, v, lambda g: 1)[0]
+
+
+@lru_cache(maxsize=8192)
+def _peak_bytes(schedule, pp, rank, m, v, whole, kept, loss, step) -> int:
+    d = lambda items: dict(items).__getitem__ if items is not None else None  # noqa: E731
+    return pp_order.peak(schedule, pp, rank, m, v, d(whole), d(kept), d(loss), d(step))[0]
 
 
 def step_shared(acts: ActivationReport, stage: Stage) -> int:
