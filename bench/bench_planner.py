@@ -132,6 +132,26 @@ def _titan_2024_rows() -> list:
     return rows
 
 
+def _titan_h200_rows() -> list:
+    """Trainy's Llama 3.1 8B on H200s with torchtitan (June 2025): FSDP over 4 and 8 nodes, compile + Float8 (added
+    2026-12-05, after the element-wise model was read from op counts: runs the model had not seen)."""
+    src = f"{_TITAN}llama3_8b_h200_2025-06_torchtitan.md (Trainy, torchtitan e7c0cae, torch 2.8.0a0)"
+    return [Case(f"Llama 3.1 8B, FSDP {gpus}, H200, compile + Float8 (torchtitan, Trainy)",
+                 f"{src}, Results: NUM_NODES {nodes}, TPS/GPU {value:,}, Memory {mem} GiB (the 100th iteration); "
+                 "--training.local_batch_size=2 --training.compile --model.converters=float8 "
+                 "--float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp "
+                 "--float8.force_recompute_fp8_weight_in_bwd", "llama3-8b", gpus, "H200", "roce-400", 8192, 2 * gpus,
+                 Layout(dp_shard=gpus, engine="fsdp2", micro_batch=2, recompute="op"), "tokens", float(value),
+                 assumed=["8 H200 per host on NVLink; '400Gb/s (Mellanox CX-7) per GPU' RDMA as RoCE 400",
+                          "llama3_8b.toml's seq 8192 and selective AC 'op' (the command does not override them)",
+                          "FSDP's float8 all-gather priced as bf16 gathers (the planner gathers in the compute "
+                          "dtype; they hide behind compute here either way)",
+                          "torchtitan's Memory column (47.96 / 46.97 GiB) is below the calculator's (which sizes "
+                          "torch.compile as eager: Inductor's recompute of element-wise ops is not modelled)"],
+                 dtype="fp8", compile=True)
+            for nodes, gpus, value, mem in ((4, 32, 10938, 47.96), (8, 64, 10753, 46.97))]
+
+
 CASES = [
     # -- Megatron-LM (Narayanan et al. 2021), A100-80GB on Selene ---------------------------------------------------
     Case("GPT 1T (Megatron-LM)", f"{_NARAYANAN}, Table 1, row 1008B (160 heads, h 25600, 128 layers, t8 p64, 3072 "
@@ -288,6 +308,7 @@ CASES = [
                                 "per-op SAC: the planner's recompute op"],
          compile=True),
     *_titan_2024_rows(),
+    *_titan_h200_rows(),
     # -- mixtures of experts ----------------------------------------------------------------------------------------
     Case("Qwen3-30B-A3B, FSDP 8 x EP 8 (NeMo AutoModel)", f"{_AUTOMODEL}: Qwen3 MoE 30B, 8 GPUs, GBS 512, MBS 4, "
          "LBS 4, GA 16, seq 4096, EP 8, FSDP 8, TE + DeepEP, 21.773 s per step: 12,040 tokens/s per GPU",
@@ -297,7 +318,10 @@ CASES = [
                   "its experts are not resharded after forward (moe.reshard_after_forward: false): priced as FSDP2 "
                   "resharding every block",
                   "fake_balanced_gate: balanced routing, as the planner assumes",
-                  "DeepEP and grouped-GEMM experts as the planner's all-to-all and expert GEMMs"]),
+                  "DeepEP and grouped-GEMM experts as the planner's all-to-all and expert GEMMs",
+                  "its loss (MaskedCrossEntropy, fp32_upcast: false) keeps the logits in bf16; the calculator sizes "
+                  "HF's fp32 upcast (4 + 8 bytes per logit where bf16 keeps 2 + 4: ~14 GiB more at micro-batch 4 x "
+                  "4,096 x 151,936; still over 76 GiB without it)"]),
     Case("Qwen3-235B-A22B, TP 2 x EP 8 x FSDP (Megatron)", f"{_ZOO}, intra-node EP strategy: 235B, DeepEP, TP 2, "
          "CP 1, EP 8, PP 1, EDP 32, DP 128, FSDP on, MBS 4, GBS 2048, GA 4, recompute full: 17.6 s per step, 276 "
          "TFLOP/s per GPU (= 1,862 tokens/s per GPU)",

@@ -341,14 +341,17 @@ WITHIN_BOUND = {
     "Llama 3.1 8B, FSDP 8 (torchtitan)", "Llama 3.1 8B, FSDP 128 (torchtitan)", "Llama 3 8B, FSDP 8 x TP 8 (torchtitan)",
     "Llama 3.1 8B, FSDP 8, compile + Float8 (torchtitan)", "Llama 3.1 8B, FSDP 128, compile + Float8 (torchtitan)",
     "Llama 3.1 70B, FSDP 32 x TP 8, compile + Float8 + async TP (torchtitan)",
+    # added after that change, runs the model had not seen (Trainy's H200s: +19 % and +21 %)
+    "Llama 3.1 8B, FSDP 32, H200, compile + Float8 (torchtitan, Trainy)",
+    "Llama 3.1 8B, FSDP 64, H200, compile + Float8 (torchtitan, Trainy)",
 }
-# Regression guards on the error distribution, a little above what was measured (2026-12-05: 36 runs, 33 fitting:
-# median |error| 8.0 % over all, non-fitting counted as infinite; over the fitting ones median 7.0 %, 90th percentile
-# 31.5 %; 29 within 25 %). History: 30 runs, 12.4 % / 4.0 % / 53.5 %, 20 within 25 %, with torchtitan's runs priced on
+# Regression guards on the error distribution, a little above what was measured (2026-12-05: 38 runs, 35 fitting:
+# median |error| 9.0 % over all, non-fitting counted as infinite; over the fitting ones median 8.0 %, 90th percentile
+# 31.5 %; 31 within 25 %; before the two H200 rows: 8.0 % / 7.0 % / 31.5 %, 29 of 36). History: 30 runs, 12.4 % / 4.0 % / 53.5 %, 20 within 25 %, with torchtitan's runs priced on
 # an SXM H100; the H100-96GB-500W preset (its source's part) and six compile / Float8 / async-TP rows of the same
 # source: 17.1 % / 9.9 % / 32.2 %, 24 within 25 %; eager element-wise traffic from op counts (torchtitan's eager
 # Llama rows +28 % -> +5 %): today's. A change to the time or memory model that makes the table worse fails.
-MEDIAN_GUARD, FITTING_MEDIAN_GUARD, FITTING_P90_GUARD, MIN_WITHIN_25 = 0.09, 0.08, 0.34, 29
+MEDIAN_GUARD, FITTING_MEDIAN_GUARD, FITTING_P90_GUARD, MIN_WITHIN_25 = 0.10, 0.09, 0.34, 31
 
 
 def _published_rows():

@@ -103,8 +103,7 @@ class _StageKey:  # the fields of a run a stage depends on (the planner asks the
     microbatches: int
 
 
-@lru_cache(maxsize=8192)
-def _stage(shape, c: _StageKey, i: int) -> Stage:
+def _stage_of(shape, c: _StageKey, i: int) -> Stage:
     per_layer, first, last, tied = shape.local_params(c.tp, c.ep)
     t_layer, t_first, t_last = shape.local_tensors()
     tied_copy = tied if c.pp > 1 else 0  # with pipelining the last stage keeps its own copy of a tied embedding
@@ -122,6 +121,9 @@ def _stage(shape, c: _StageKey, i: int) -> Stage:
     experts = shape.expert_params_per_layer() // c.ep
     return Stage(i, layers, is_first, is_last, per_layer, first if is_first else 0,
                  (last + tied_copy) if is_last else 0, tensors, in_flight, experts, c.ep)
+
+
+_stage = lru_cache(maxsize=8192)(_stage_of)  # wrapped, not decorated: mutmut mutates only undecorated functions
 
 
 def stages(shape, c) -> list[Stage]:
@@ -192,15 +194,17 @@ def saved_bytes(acts: ActivationReport, stage: Stage, c=None, shape=None, graph_
 
 # the planner asks the same schedules over and over (layouts that differ only in dp, ZeRO stage or overlap hold the
 # same bytes per pipeline stage): both walks are pure functions of their integer arguments, cached
-@lru_cache(maxsize=8192)
-def _in_flight(schedule: str, pp: int, rank: int, m: int, v: int) -> int:
+def _in_flight_of(schedule: str, pp: int, rank: int, m: int, v: int) -> int:
     return pp_order.peak(schedule, pp, rank, m, v, lambda g: 1)[0]
 
 
-@lru_cache(maxsize=8192)
-def _peak_bytes(schedule, pp, rank, m, v, whole, kept, loss, step) -> int:
+def _peak_bytes_of(schedule, pp, rank, m, v, whole, kept, loss, step) -> int:
     d = lambda items: dict(items).__getitem__ if items is not None else None  # noqa: E731
     return pp_order.peak(schedule, pp, rank, m, v, d(whole), d(kept), d(loss), d(step))[0]
+
+
+_in_flight = lru_cache(maxsize=8192)(_in_flight_of)
+_peak_bytes = lru_cache(maxsize=8192)(_peak_bytes_of)
 
 
 def step_shared(acts: ActivationReport, stage: Stage) -> int:
