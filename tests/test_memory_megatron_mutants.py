@@ -61,6 +61,16 @@ def test_stage_by_hand():
     assert [mg.stage(TIED, f1b, i).in_flight for i in (0, 1)] == [2, 1]
     bfs = cfg(pp=2, pp_schedule="looped-bfs", microbatches=2)  # rank 0: stages 0 and 2, one layer each
     assert mg.stage(TIED, bfs, 0) == Stage(0, 2, True, False, 144, 40, 0, 2 * 9 + 1, 2 * 2, 0, 1)
+    # an explicit pp_virtual (not the schedule's 2): 6 layers over 2 x 3 stages, rank 0 holds 0, 2, 4 (one layer
+    # each) and every one of its 3 x 2 chunk micro-batches; the cached stage must not be the default's
+    bfs3 = cfg(pp=2, pp_schedule="looped-bfs", pp_virtual=3, microbatches=2)
+    six = TIED.with_(layers=6)
+    assert mg.stage(six, bfs3, 0) == Stage(0, 3, True, False, 144, 40, 0, 3 * 9 + 1, 3 * 2, 0, 1)
+    assert mg.stage(six, bfs, 0).in_flight == 2 * 2
+    # LoopedBFS holds every chunk micro-batch at its peak: 2 x (chunk 0: a layer, RoPE tables, the embedding; chunks
+    # 2 and 4: a layer and RoPE tables each)
+    held = mg.saved_bytes(ACTS, mg.stage(six, bfs3, 0), bfs3, six)
+    assert held == 2 * ((LAYER + SHARED + EMBED) + 2 * (LAYER + SHARED))
     zbv = cfg(pp=2, pp_schedule="zbv")  # rank 0 holds the first and the last stage of the V
     st = mg.stage(TIED, zbv, 0)
     assert (st.first, st.last, st.embed_params, st.head_params, st.tensors) == (True, True, 40, 44, 2 * 9 + 1 + 2)
