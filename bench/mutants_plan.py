@@ -191,31 +191,32 @@ MARKED: dict[str, dict[str, str]] = {
                                  (41, "(y - my) -> (y + my)", "my", "x - mx"))},
     },
     "plan.steptime": {
-        "x_predict__mutmut_37": "sp = L.sp and tp >= 1: with tp 1 every use of sp is a no-op (E_H / tp with tp 1, "
+        "x_predict__mutmut_39": "sp = L.sp and tp >= 1: with tp 1 every use of sp is a no-op (E_H / tp with tp 1, "
                                 "TP collectives over a 1-rank group cost 0, the PP send divides by tp = 1, host DTensor "
                                 "work and the tp overlap need tp > 1)",
-        "x_predict__mutmut_154": _DEG1.format("the PP send's pp > 1", "nothing else is computed"),
-        "x_predict__mutmut_161": "the PP send's divisor (sp or tp > 1) -> True: divides by tp, and when neither holds "
+        "x_predict__mutmut_158": _DEG1.format("the PP send's pp > 1", "nothing else is computed"),
+        "x_predict__mutmut_165": "the PP send's divisor (sp or tp > 1) -> True: divides by tp, and when neither holds "
                                  "tp is 1",
-        "x_predict__mutmut_163": "the PP send's divisor tp > 1 -> tp >= 1: divides by tp, which is then 1",
-        "x_predict__mutmut_206": _DEG1.format("the MoE all-to-all's ep > 1", "exposed_s' 'ep' key has its own ep > 1"),
-        "x_predict__mutmut_235": "bubble's pp > 1 -> True: (pp - 1) / v x mb_time is 0 at pp 1",
-        "x_predict__mutmut_240": "bubble's pp > 1 -> pp >= 1: (pp - 1) / v x mb_time is 0 at pp 1",
-        "x_predict__mutmut_265": "the loss all-reduce's calls argument 1 dropped: Links.time's default is 1",
-        "x_predict__mutmut_312": "hflops' recompute == 'full' and rc_frac < 1 -> or: rc_frac < 1 needs recompute_layers, "
+        "x_predict__mutmut_167": "the PP send's divisor tp > 1 -> tp >= 1: divides by tp, which is then 1",
+        "x_predict__mutmut_210": _DEG1.format("the MoE all-to-all's ep > 1", "exposed_s' 'ep' key has its own ep > 1"),
+        "x_predict__mutmut_239": "bubble's pp > 1 -> True: (pp - 1) / v x mb_time is 0 at pp 1",
+        "x_predict__mutmut_244": "bubble's pp > 1 -> pp >= 1: (pp - 1) / v x mb_time is 0 at pp 1",
+        "x_predict__mutmut_269": "the loss all-reduce's calls argument 1 dropped: Links.time's default is 1",
+        "x_predict__mutmut_316": "hflops' recompute == 'full' and rc_frac < 1 -> or: rc_frac < 1 needs recompute_layers, "
                                  "which Layout accepts only with recompute full",
-        "x_predict__mutmut_316": "hflops' rc_frac < 1 -> <= 1: at rc_frac 1, mflops + 1.0 x (hflops - mflops) is "
+        "x_predict__mutmut_320": "hflops' rc_frac < 1 -> <= 1: at rc_frac 1, mflops + 1.0 x (hflops - mflops) is "
                                  "hflops exactly (full recompute adds one forward: mflops <= hflops <= 2 mflops, so "
                                  "the difference is exact by Sterbenz's lemma, and so is the sum)",
-        "x_predict__mutmut_317": "hflops' rc_frac < 1 -> < 2: rc_frac is min(1.0, ...), so as <= 1 (mutmut_316)",
+        "x_predict__mutmut_321": "hflops' rc_frac < 1 -> < 2: rc_frac is min(1.0, ...), so as <= 1 (mutmut_320)",
         "x__moe_tp_reduce__mutmut_3": _DEG1.format("the MoE TP gradient sum's tp > 1", "nothing else is computed"),
-        "x__layer_time__mutmut_10": _KV.format("condition kv >= tp -> True (max(1, kv // tp) is 1 for kv < tp too)"),
-        "x__layer_time__mutmut_16": _KV.format("kv // tp -> kv / tp"),
-        "x__layer_time__mutmut_17": _KV.format("kv >= tp -> kv > tp"),
-        "x__layer_time__mutmut_54": "g_op's initial 0.0 -> 1.0: read only under recompute op, which sets it first",
+        "x__layer_time__mutmut_12": _KV.format("condition kv >= tp -> True (max(1, kv // tp) is 1 for kv < tp too)"),
+        "x__layer_time__mutmut_18": _KV.format("kv // tp -> kv / tp"),
+        "x__layer_time__mutmut_19": _KV.format("kv >= tp -> kv > tp"),
+        "x__layer_time__mutmut_55": "g_op's initial 0.0 -> 1.0: read only under recompute op, which sets it first",
         **{f"x__layer_time__mutmut_{i}": _SYM.format(what) for i, what in (
-            (66, "condition n_in == 2 -> False"), (67, "condition n_in == 2 -> True"),
-            (69, "condition n_in == 2 -> != 2"), (70, "condition n_in == 2 -> == 3"))},
+            (67, "condition n_in == 2 -> False"), (68, "condition n_in == 2 -> True"),
+            (70, "condition n_in == 2 -> != 2"), (71, "condition n_in == 2 -> == 3"))},
+        "x_elementwise_per_token__mutmut_35": _KV.format("kv // tp -> kv / tp"),
         "x__tp_cp_time__mutmut_1": "rc_frac's default 1.0 -> 2.0: its one caller (predict) always passes rc_frac",
         "x__tp_cp_time__mutmut_7": _KV.format("condition kv >= tp -> True (max(1, kv // tp) is 1 for kv < tp too)"),
         "x__tp_cp_time__mutmut_13": _KV.format("kv // tp -> kv / tp"),

@@ -696,6 +696,10 @@ def test_eager_elementwise_by_hand():
     assert per_token(MOE, tp=2) == pytest.approx(159.54 * 64 + 29.88 * 32 + 20.77 * 16 + 1470.5
                                                  + (17.97 * 256 + 40.73 * 128) / 2, rel=1e-12)
     assert per_token(MOE, kernels="fused") == pytest.approx(32 * 64 + 8 * 256, rel=1e-12)
+    # biased experts (the dense rule, one pass of each output: gate, up and down of each of the 2 routed experts),
+    # over the TP ranks' token split
+    assert per_token(replace(MOE, mlp_bias=True), tp=2) == pytest.approx(
+        per_token(MOE, tp=2) + 2 * (2 * 128 + 64) / 2, rel=1e-12)
     with pytest.raises(ValueError, match="kernels must be one of eager, fused"):
         per_token(SHAPE, kernels="triton")
     # in the layer: t tokens x 2 bytes at 1 TB/s, in place of the fused term E
@@ -704,3 +708,5 @@ def test_eager_elementwise_by_hand():
     assert eager_layer == pytest.approx(LAYER - E + T * llama * 2 / 1e12, rel=1e-12)
     with pytest.raises(ValueError, match="kernels must be one of"):
         steptime.predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, kernels="x")
+    plain = steptime.predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8)  # the default
+    assert plain.run["kernels"] == "eager" and plain.compute_s == pytest.approx(2 * (4 * eager_layer + HEAD), rel=1e-12)

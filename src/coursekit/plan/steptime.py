@@ -292,16 +292,17 @@ def elementwise_per_token(shape, *, tp: int = 1, sp: bool = False, kernels: str 
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     h, d = shape.hidden, shape.head_dim
     hs = h / (tp if sp else 1)  # the hidden-width work: every TP rank does it whole unless SP splits the sequence
-    moe_f = shape.moe_ffn * shape.top_k if shape.is_moe else 0
+    moe_f = shape.moe_ffn * shape.top_k  # a token's expert width (0 for a dense model: top_k 0)
     if kernels == "fused":
         return FUSED_H * hs + FUSED_F * (moe_f or shape.ffn) / tp
-    ch, cq, ckv, cf, ckf, ckh, c0 = ELEMENTWISE[ELEMENTWISE_FAMILY[shape.family]]
-    q = shape.heads * d / tp
-    kv = max(1, shape.kv_heads // tp) * d
-    f = 0 if shape.is_moe else shape.ffn / tp
-    biased = (q + 2 * kv) * shape.qkv_bias + hs * shape.o_bias + shape.mlp_bias * (
-        (moe_f / tp if shape.is_moe else (2 * f if shape.mlp == "swiglu" else f)) + hs)
-    out = ch * hs + cq * q + ckv * kv + cf * f + (ckf * moe_f + ckh * shape.top_k * h) / tp * shape.is_moe + c0
+    ch, cq, ckv, cf, ckf, ckh, c0 = ELEMENTWISE[ELEMENTWISE_FAMILY[shape.family]]  # MoE families: cf 0, no dense MLP
+    q, kv, f = shape.heads * d / tp, max(1, shape.kv_heads // tp) * d, shape.ffn / tp
+    if shape.is_moe:  # each routed expert's gate, up and down outputs (by the dense rule: HF's experts have no bias)
+        mlp_out = shape.top_k * (2 * shape.moe_ffn + h) / tp
+    else:
+        mlp_out = (2 * f if shape.mlp == "swiglu" else f) + hs
+    biased = (q + 2 * kv) * shape.qkv_bias + hs * shape.o_bias + mlp_out * shape.mlp_bias
+    out = ch * hs + cq * q + ckv * kv + cf * f + (ckf * moe_f + ckh * shape.top_k * h) / tp + c0
     if shape.arch == "gpt2":
         out += RESID_DROPOUT_H * hs * (shape.resid_dropout > 0) + GELU_NEW_F * f * (shape.activation == "gelu_new")
     return out + biased
@@ -318,8 +319,8 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=N
     n_in = 2 if shape.mlp == "swiglu" else 1
     gemms = [(t, h, (heads + 2 * kv_heads) * d), (t, heads * d, h)]
     if shape.is_moe:  # the router, then the experts as one grouped GEMM over the t·k rows a balanced router sends;
-        # TP's ranks split the block's tokens (t/tp each), so f / tp below is the block's element-wise width too
-        rows, f = t / tp * shape.top_k, shape.moe_ffn * shape.top_k  # f: the elementwise width per token below
+        # TP's ranks split the block's tokens (t/tp each): the router's and the experts' rows below
+        rows = t / tp * shape.top_k
         gemms += [(t / tp, h, shape.experts), (rows, h, 2 * shape.moe_ffn), (rows, shape.moe_ffn, h)]
     else:
         gemms += [(t, h, n_in * f / tp), (t, f / tp, h)]
