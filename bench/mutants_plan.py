@@ -119,7 +119,7 @@ MARKED: dict[str, dict[str, str]] = {
                ("make_cluster", 2, "gpu 'H100-80GB' -> 'h100-80gb'"), ("make_cluster", 4, "network 'ib-400' -> 'IB-400'"),
                ("evaluate", 3, "gpu 'H100-80GB' -> 'h100-80gb'"), ("evaluate", 5, "network 'ib-400' -> 'IB-400'"),
                ("plan", 3, "gpu 'H100-80GB' -> 'h100-80gb'"), ("plan", 5, "network 'ib-400' -> 'IB-400'"))},
-        "x_plan__mutmut_130": "a refused stub's skipped.add(key) -> add(None): the key leaves out only cp_impl, so the "
+        "x_plan__mutmut_134": "a refused stub's skipped.add(key) -> add(None): the key leaves out only cp_impl, so the "
                               "one later stub of a key is the ulysses one after its ring stub; a refusal of the ring "
                               "stub's smallest configuration does not depend on cp_impl (the calculator's only "
                               "cp_impl checks are Ulysses', memory.activations._check), so evaluating the ulysses "
@@ -153,7 +153,7 @@ MARKED: dict[str, dict[str, str]] = {
            "TrainConfig(**kw) refuses with ConfigError only (memory.train_config: choice, positive_int and its own "
            "checks); the run's LayoutError (RunSpec.calculator) comes from _run, before the try"
            for i, what in ((38, "-> ConfigError(None)"), (39, "-> ConfigError('None')"))},
-        "x_plan__mutmut_133": "a stub over the capacity's skipped.add(key) -> add(None): the one later stub of a key "
+        "x_plan__mutmut_137": "a stub over the capacity's skipped.add(key) -> add(None): the one later stub of a key "
                               "is the ulysses one after its ring stub (the key leaves out only cp_impl), and Ulysses "
                               "saves ring's sizes head-sharded plus the output once more (memory.activations' "
                               "docstring and _attention: q, k/v, log-sum-exp each >= ring's, one more output), so its "
@@ -163,14 +163,14 @@ MARKED: dict[str, dict[str, str]] = {
            "calculator refuses (memory.op_recompute.check: cp > 1, ep > 1, or tp > 1 on an MoE block -> ConfigError), "
            "which the micro-batch loop catches for every micro-batch: no candidate, and no closest (peak raises before "
            "it records one)" for i, what in (
-               (147, "rc == 'op' -> 'XXopXX' (never)"), (148, "rc == 'op' -> 'OP' (never)"),
-               (149, "'recompute' not in fixed -> a misspelt key (always)"),
-               (150, "'recompute' not in fixed -> 'RECOMPUTE' (always)"),
-               (151, "'recompute' not in fixed -> in fixed"), (152, "cp/ep or (tp and MoE) -> and"),
-               (158, "max(cp, ep) > 1 -> > 2"), (161, "tp > 1 -> tp > 2 on an MoE model"))},
-        "x_plan__mutmut_162": "the op-policy skip's continue -> break: op is the last of RECOMPUTE (and a fixed "
+               (151, "rc == 'op' -> 'XXopXX' (never)"), (152, "rc == 'op' -> 'OP' (never)"),
+               (153, "'recompute' not in fixed -> a misspelt key (always)"),
+               (154, "'recompute' not in fixed -> 'RECOMPUTE' (always)"),
+               (155, "'recompute' not in fixed -> in fixed"), (156, "cp/ep or (tp and MoE) -> and"),
+               (162, "max(cp, ep) > 1 -> > 2"), (165, "tp > 1 -> tp > 2 on an MoE model"))},
+        "x_plan__mutmut_166": "the op-policy skip's continue -> break: op is the last of RECOMPUTE (and a fixed "
                               "recompute is a one-item list), so nothing follows it in the loop",
-        "x_plan__mutmut_184": "a ConfigError's continue -> break in the micro-batch loop: the calculator's refusals "
+        "x_plan__mutmut_188": "a ConfigError's continue -> break in the micro-batch loop: the calculator's refusals "
                               "there do not depend on the micro-batch (recompute, kernel, degrees: fixed in the loop), "
                               "except dualpipev's micro-batches >= 2 pp (pp_order), and m = B / (dp x mb) only falls "
                               "as the micro-batch grows; RoundsError, the one that does not, is caught just before",

@@ -201,6 +201,9 @@ def test_plan_refuses_unknown_fixed_keys_and_bad_sizes():
         with pytest.raises(ValueError) as e:
             call()
         assert str(e.value).startswith("kernels must be one of eager, fused, got ")
+    # and a name given reaches every candidate's prediction
+    fused = plan("tiny-llama", gpus=2, seq=64, global_batch=8, kernels="fused")
+    assert {c.prediction.run["kernels"] for c in fused} == {"fused"}
 
 
 def _refused(shape, layout, seq):
