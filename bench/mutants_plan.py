@@ -61,8 +61,8 @@ MARKED: dict[str, dict[str, str]] = {
         "x_build_parser__mutmut_2": "allow_abbrev=False -> None: argparse only tests `if self.allow_abbrev`, both falsy "
                                     "(no abbreviation taken either way)",
         **{f"x_build_parser__mutmut_{i}": f"{flag}'s default=None dropped: argparse's default for an option is None"
-           for i, flag in ((186, "--plot"), (202, "--ep"), (214, "--layout"), (228, "--hardware"), (244, "--overlap"),
-                           (263, "--grad-reduce-dtype"))},
+           for i, flag in ((207, "--plot"), (223, "--ep"), (235, "--layout"), (249, "--hardware"), (265, "--overlap"),
+                           (284, "--grad-reduce-dtype"))},
         "x_plot__mutmut_5": "FigureCanvasAgg(fig) -> FigureCanvasAgg(None): the figure keeps its own FigureCanvasBase, "
                             "whose print_figure draws a .png through Agg as well (the same bytes, matplotlib 3.11)",
         **{f"x_plot__mutmut_{i}": f"the fitting points' color='C0' {what}: scatter's default is the axes' next cycle "
