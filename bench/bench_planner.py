@@ -73,7 +73,7 @@ class Case:
     """The compute dtype: bf16, or fp8 (torchao float8 / Transformer Engine on the linear layers)."""
     compile: bool = False
     """torch.compile on (the run says so)."""
-    kernels: str = "eager"
+    elementwise: str = "eager"
     """Element-wise kernels: eager (the modeling code's aten ops) or fused (Megatron-LM / Transformer Engine)."""
     era: dict = field(default_factory=dict)
     """Layout knobs the publication's software did not have, held fixed when ranking (e.g. no sequence parallelism
@@ -352,7 +352,7 @@ _FUSED = {
 for _c in CASES:
     for _stack, _why in _FUSED.items():
         if _c.name.endswith(_stack):
-            _c.kernels = "fused"
+            _c.elementwise = "fused"
             _c.assumed = [*_c.assumed, _why]
             break
     else:
@@ -387,7 +387,7 @@ def run_case(c: Case, search: bool = True) -> dict:
     shape = resolve_model(c.model)
     kw = dict(gpus=c.gpus, gpus_per_node=c.gpus_per_node, gpu=c.gpu, network=c.network, seq=c.seq,
               global_batch=c.global_batch, attention=c.attention, dtype=c.dtype, compile=c.compile,
-              kernels=c.kernels)
+              elementwise=c.elementwise)
     cand = evaluate(shape, c.layout, **kw)
     p = cand.prediction
     if c.metric == "tflops":
@@ -401,7 +401,7 @@ def run_case(c: Case, search: bool = True) -> dict:
            "error": predicted / c.published - 1, "fits": cand.fits, "failed": not cand.fits, "era": c.era,
            "peak_gib": cand.peak_bytes / 2**30, "step_time_s": p.step_time_s,
            "layout": c.layout.short() + (f" {c.dtype}" if c.dtype != "bf16" else "") + (" compile" if c.compile else "")
-           + (" fused" if c.kernels == "fused" else "")}
+           + (" fused" if c.elementwise == "fused" else "")}
     if search:
         t0 = time.process_time()  # CPU seconds: on a shared machine wall time measures the neighbours
         cands = plan(shape, fixed=c.era, **kw)

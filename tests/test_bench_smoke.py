@@ -169,7 +169,7 @@ def test_bench_planner_published_layouts():
     llama = _plan_cli("--model", "llama3-405b", "--gpus", "8192", "--gpu", "H100-80GB", "--network", "roce-400",
                       "--seq", "8192", "--global-batch", "2048", "--layout",
                       "tp=8,pp=16,dp_replicate=64,zero=1,micro_batch=1,recompute=selective,virtual_stages=4",
-                      "--kernels", "fused")  # the case assumes fused kernels (bench_planner._FUSED)
+                      "--elementwise", "fused")  # the case assumes fused kernels (bench_planner._FUSED)
     meta = by["Llama 3 405B (Meta)"]
     assert llama["mfu"] == pytest.approx(meta["predicted"], rel=1e-9) and llama["fits"] is meta["fits"] is False
 

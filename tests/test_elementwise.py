@@ -41,7 +41,7 @@ def test_eager_coefficients_predict_the_counted_bytes(name):
     assert predicted == pytest.approx(measured, rel=0.005), (name, measured, predicted)  # held out: <= 0.13 %
     # and far from the fused kernels' hand count: eager Llama moves several times more
     if shape.arch == "llama":
-        assert measured > 3 * elementwise_per_token(shape, kernels="fused") * 2
+        assert measured > 3 * elementwise_per_token(shape, elementwise="fused") * 2
 
 
 def test_the_counter_prices_ops_views_and_gemms_as_stated():

@@ -692,4 +692,4 @@ def test_compile_and_fp8_predictions_say_how_far_they_were_checked():
     both = evaluate("llama3-8b", lay, dtype="fp8", compile=True, **args)
     assert not any("compile" in u or "fp8" in u for u in plain.unchecked)
     assert any(u.startswith("torch.compile") for u in both.unchecked) and any(u.startswith("fp8") for u in both.unchecked)
-    assert both.to_dict()["run"] == {"gemm_dtype": "fp8", "compile": True, "kernels": "eager"}
+    assert both.to_dict()["run"] == {"gemm_dtype": "fp8", "compile": True, "elementwise": "eager"}

@@ -75,9 +75,9 @@ def test_json_carries_the_run_settings_the_flags_name(capsys):
     rc, out, _ = _run(capsys, "--layout", "dp_replicate=2", "--json", "--dtype", "fp32", "--compile")
     (row,) = json.loads(out)
     assert rc == 0 and row["summary"] == "ddp dp2 mb1" and row["run"] == {"gemm_dtype": "fp32", "compile": True,
-                                                                          "kernels": "eager"}
-    _, fused, _ = _run(capsys, "--layout", "dp_replicate=2", "--json", "--kernels", "fused")
-    assert json.loads(fused)[0]["run"]["kernels"] == "fused"
+                                                                          "elementwise": "eager"}
+    _, fused, _ = _run(capsys, "--layout", "dp_replicate=2", "--json", "--elementwise", "fused")
+    assert json.loads(fused)[0]["run"]["elementwise"] == "fused"
     _, flash, _ = _run(capsys, "--layout", "dp_replicate=2", "--json", "--attention", "sdpa")
     _, eager, _ = _run(capsys, "--layout", "dp_replicate=2", "--json", "--attention", "eager")
     assert json.loads(eager)[0]["step_time_s"] > json.loads(flash)[0]["step_time_s"]
@@ -204,9 +204,9 @@ OPTIONS = {
     "--dtype": ("bf16", None, False, ("bf16", "fp16", "fp32", "fp8"), None,
                 "compute dtype; fp8: the linear layers on FP8 tensor cores (torchao float8), the rest bf16"),
     "--compile": (False, None, False, None, None, "torch.compile: fused element-wise kernels"),
-    "--kernels": ("eager", None, False, ("eager", "fused"), None,
-                  "element-wise kernels: eager (the modeling code's own aten ops, as the course's trainer and "
-                  "torchtitan run them; default) or fused (Megatron-LM / Transformer Engine / Apex kernels)"),
+    "--elementwise": ("eager", None, False, ("eager", "fused"), None,
+                      "element-wise kernels: eager (the modeling code's own aten ops, as the course's trainer and "
+                      "torchtitan run them; default) or fused (Megatron-LM / Transformer Engine / Apex kernels)"),
     "--attention": ("sdpa", None, False, ("sdpa", "eager"), None,
                     "attention implementation, the trainer's names: sdpa (on a GPU its flash kernel: no score matrix "
                     "kept; default) or eager (scores kept and moved through HBM)"),

@@ -195,15 +195,15 @@ def test_plan_refuses_unknown_fixed_keys_and_bad_sizes():
         with pytest.raises(ValueError) as e:
             plan("tiny-llama", gpus=8, **kw)
         assert str(e.value) == message
-    # an unknown kernels name is refused before anything is searched (even where nothing would fit)
-    for call in (lambda: plan("llama3-405b", gpus=1, seq=8192, global_batch=8, kernels="triton"),
-                 lambda: evaluate("tiny-llama", Layout(), gpus=1, seq=64, global_batch=8, kernels="Fused")):
+    # an unknown elementwise name is refused before anything is searched (even where nothing would fit)
+    for call in (lambda: plan("llama3-405b", gpus=1, seq=8192, global_batch=8, elementwise="triton"),
+                 lambda: evaluate("tiny-llama", Layout(), gpus=1, seq=64, global_batch=8, elementwise="Fused")):
         with pytest.raises(ValueError) as e:
             call()
-        assert str(e.value).startswith("kernels must be one of eager, fused, got ")
+        assert str(e.value).startswith("elementwise must be one of eager, fused, got ")
     # and a name given reaches every candidate's prediction
-    fused = plan("tiny-llama", gpus=2, seq=64, global_batch=8, kernels="fused")
-    assert {c.prediction.run["kernels"] for c in fused} == {"fused"}
+    fused = plan("tiny-llama", gpus=2, seq=64, global_batch=8, elementwise="fused")
+    assert {c.prediction.run["elementwise"] for c in fused} == {"fused"}
 
 
 def _refused(shape, layout, seq):

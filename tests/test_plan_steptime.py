@@ -29,8 +29,8 @@ from coursekit.plan.steptime import Cluster, gemm_time
 # The toy's element-wise term on paper: the fused kernels' hand count (FUSED_H 32 hidden-vector and FUSED_F 8
 # MLP-vector passes per token); the eager coefficients (the default) are worked out by hand in
 # test_eager_elementwise_by_hand below and checked against op-by-op counts in tests/test_elementwise.py.
-predict = partial(steptime.predict, kernels="fused")
-_layer_time = partial(steptime._layer_time, kernels="fused")
+predict = partial(steptime.predict, elementwise="fused")
+_layer_time = partial(steptime._layer_time, elementwise="fused")
 
 ALPHA, BW = 10e-6, 1e9
 TOY = Hardware(name="toy", memory_bytes=10**12, peak_flops={"bf16": 1e12, "fp32": 0.5e12}, hbm_bw=1e12 / 0.85,
@@ -364,7 +364,7 @@ def test_json_row_and_per_gpu_rates_of_a_two_gpu_step():
                            "hfu": p.hfu, "links": {"dp": "nvlink"},
                            # DDP's one overlap (its reducer's buckets behind backward), on by default; fp32 gradients
                            "overlap": {"grad_reduce": True, "grad_reduce_dtype": "fp32"},
-                           "run": {"gemm_dtype": "bf16", "compile": False, "kernels": "fused"}}
+                           "run": {"gemm_dtype": "bf16", "compile": False, "elementwise": "fused"}}
     # 16 x 256 tokens per step over 2 GPUs; MFU / HFU: the step's FLOPs over 2 GPUs x 1 TFLOP/s
     assert p.tokens_per_s_per_gpu == pytest.approx(16 * SEQ / p.step_time_s / 2, rel=1e-12)
     assert p.mfu == pytest.approx(flops_per_step(SHAPE, 16, SEQ)["total"] / (p.step_time_s * 2e12), rel=1e-12)
@@ -640,7 +640,7 @@ def test_fp8_compile_and_per_layer_recompute_by_hand():
     fp8 = predict(SHAPE, Layout(micro_batch=MB), cluster(1, hw), seq=SEQ, global_batch=8, dtype="fp8")
     assert fp8.compute_s == pytest.approx(2 * (4 * (LAYER - 1.5 * G + cast) + HEAD), rel=1e-12)
     assert fp8.mfu == pytest.approx(flops_per_step(SHAPE, 8, SEQ)["total"] / (fp8.step_time_s * 1e12), rel=1e-12)
-    assert fp8.run == {"gemm_dtype": "fp8", "compile": False, "kernels": "fused"}
+    assert fp8.run == {"gemm_dtype": "fp8", "compile": False, "elementwise": "fused"}
     with pytest.raises(ValueError, match="no fp8 peak"):
         predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, dtype="fp8")
     comp = predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, compile=True)
@@ -670,7 +670,7 @@ def test_eager_elementwise_by_hand():
     per_token = steptime.elementwise_per_token
     llama = 152.19 * 64 + 27.49 * 64 + 25.79 * 32 + 14.24 * 128 + 3.2
     assert per_token(SHAPE) == pytest.approx(llama, rel=1e-12)
-    assert per_token(SHAPE, kernels="fused") == pytest.approx(32 * 64 + 8 * 128, rel=1e-12)
+    assert per_token(SHAPE, elementwise="fused") == pytest.approx(32 * 64 + 8 * 128, rel=1e-12)
     # tp 2: heads, K/V heads and ffn split; the hidden-width work whole unless SP splits it
     tp2 = 27.49 * 32 + 25.79 * 16 + 14.24 * 64 + 3.2
     assert per_token(SHAPE, tp=2) == pytest.approx(152.19 * 64 + tp2, rel=1e-12)
@@ -695,18 +695,18 @@ def test_eager_elementwise_by_hand():
     assert per_token(MOE) == pytest.approx(moe + 17.97 * 256 + 40.73 * 128, rel=1e-12)
     assert per_token(MOE, tp=2) == pytest.approx(159.54 * 64 + 29.88 * 32 + 20.77 * 16 + 1470.5
                                                  + (17.97 * 256 + 40.73 * 128) / 2, rel=1e-12)
-    assert per_token(MOE, kernels="fused") == pytest.approx(32 * 64 + 8 * 256, rel=1e-12)
+    assert per_token(MOE, elementwise="fused") == pytest.approx(32 * 64 + 8 * 256, rel=1e-12)
     # biased experts (the dense rule, one pass of each output: gate, up and down of each of the 2 routed experts),
     # over the TP ranks' token split
     assert per_token(replace(MOE, mlp_bias=True), tp=2) == pytest.approx(
         per_token(MOE, tp=2) + 2 * (2 * 128 + 64) / 2, rel=1e-12)
-    with pytest.raises(ValueError, match="kernels must be one of eager, fused"):
-        per_token(SHAPE, kernels="triton")
+    with pytest.raises(ValueError, match="elementwise must be one of eager, fused"):
+        per_token(SHAPE, elementwise="triton")
     # in the layer: t tokens x 2 bytes at 1 TB/s, in place of the fused term E
     eager_layer = steptime._layer_time(SHAPE, Layout(micro_batch=MB), TOY, t=T, seq=SEQ, act=2, dtype="bf16",
                                        attention="flash", sp=False)[0]
     assert eager_layer == pytest.approx(LAYER - E + T * llama * 2 / 1e12, rel=1e-12)
-    with pytest.raises(ValueError, match="kernels must be one of"):
-        steptime.predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, kernels="x")
+    with pytest.raises(ValueError, match="elementwise must be one of"):
+        steptime.predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, elementwise="x")
     plain = steptime.predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8)  # the default
-    assert plain.run["kernels"] == "eager" and plain.compute_s == pytest.approx(2 * (4 * eager_layer + HEAD), rel=1e-12)
+    assert plain.run["elementwise"] == "eager" and plain.compute_s == pytest.approx(2 * (4 * eager_layer + HEAD), rel=1e-12)

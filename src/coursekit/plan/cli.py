@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bf16", choices=DTYPES,
                    help="compute dtype; fp8: the linear layers on FP8 tensor cores (torchao float8), the rest bf16")
     p.add_argument("--compile", action="store_true", help="torch.compile: fused element-wise kernels")
-    p.add_argument("--kernels", default="eager", choices=("eager", "fused"),
+    p.add_argument("--elementwise", default="eager", choices=("eager", "fused"),
                    help="element-wise kernels: eager (the modeling code's own aten ops, as the course's trainer and "
                         "torchtitan run them; default) or fused (Megatron-LM / Transformer Engine / Apex kernels)")
     p.add_argument("--attention", default="sdpa", choices=ATTENTION,
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
             hw, net = load_overrides(args.hardware, hw, net)
         common = dict(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq=args.seq, global_batch=args.global_batch,
                       dtype=args.dtype, attention=KERNEL[args.attention], hw=hw, net=net, compile=args.compile,
-                      kernels=args.kernels)
+                      elementwise=args.elementwise)
         if args.top < 0:
             raise ValueError(f"--top must be >= 0, got {args.top}")
         for flag in ("gpus", "gpus_per_node", "seq", "global_batch", "ep"):

@@ -28,7 +28,7 @@ from coursekit.parallel import LayoutError, check_model
 from coursekit.plan import overlap
 from coursekit.plan.hardware import Hardware, Network, hardware as hw_lookup, network as net_lookup
 from coursekit.plan.layout import RECOMPUTE, Layout
-from coursekit.plan.steptime import KERNELS, Cluster, Prediction, predict
+from coursekit.plan.steptime import ELEMENTWISE_KERNELS, Cluster, Prediction, predict
 
 MEMORY_SLACK = 0.05
 _RUN_FIELDS = tuple(f.name for f in fields(Layout)
@@ -113,12 +113,13 @@ def make_cluster(gpus: int, gpus_per_node: int, gpu="H100-80GB", network="ib-400
 
 
 class _Evaluator:
-    def __init__(self, shape, cluster: Cluster, seq, global_batch, dtype, attention, compile=False, kernels="eager"):
+    def __init__(self, shape, cluster: Cluster, seq, global_batch, dtype, attention, compile=False,
+                 elementwise="eager"):
         self.shape, self.cluster, self.seq, self.B, self.dtype, self.attention = (shape, cluster, seq, global_batch,
                                                                                   dtype, attention)
-        if kernels not in KERNELS:
-            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
-        self.compile, self.kernels = compile, kernels
+        if elementwise not in ELEMENTWISE_KERNELS:
+            raise ValueError(f"elementwise must be one of {', '.join(ELEMENTWISE_KERNELS)}, got {elementwise!r}")
+        self.compile, self.elementwise = compile, elementwise
         # memory: fp8 runs as bf16 (torchao float8 keeps bf16 weights and saves the bf16 input and weight of each
         # linear for backward; its fp8 copies are transient); torch.compile sized as eager
         self.mem_dtype = "bf16" if dtype == "fp8" else dtype
@@ -165,7 +166,7 @@ class _Evaluator:
         if peak > self.capacity and not unfit:
             return None
         p = predict(self.shape, L, self.cluster, seq=self.seq, global_batch=self.B, dtype=self.dtype,
-                    attention=self.attention, compile=self.compile, kernels=self.kernels)
+                    attention=self.attention, compile=self.compile, elementwise=self.elementwise)
         return Candidate(L, p, peak, self.capacity, unchecked(self.shape, L, p))
 
 
@@ -177,7 +178,7 @@ def _check(shape, L: Layout, seq: int) -> None:
 def evaluate(model, layout: Layout | dict, *, gpus: int | None = None, gpus_per_node: int = 8, gpu="H100-80GB",
              network="ib-400", seq: int, global_batch: int, dtype: str = "bf16", attention: str = "flash",
              hw: Hardware | None = None, net: Network | None = None, compile: bool = False,
-             kernels: str = "eager") -> Candidate:
+             elementwise: str = "eager") -> Candidate:
     """One given layout (``--layout``): its memory, fit and predicted step time. A dict may omit the data-parallel
     degree: what tp·pp·cp leave of ``gpus`` goes to dp_shard (engine fsdp2) or dp_replicate."""
     shape = resolve_model(model)
@@ -189,7 +190,7 @@ def evaluate(model, layout: Layout | dict, *, gpus: int | None = None, gpus_per_
                          f"{layout.cp}) but --gpus is {gpus}")
     _check(shape, layout, seq)
     ev = _Evaluator(shape, make_cluster(gpus, gpus_per_node, gpu, network, hw, net), seq, global_batch, dtype,
-                    attention, compile, kernels)
+                    attention, compile, elementwise)
     return ev.candidate(layout)
 
 
@@ -261,7 +262,7 @@ def _ep_degrees(shape, host: int) -> list[int]:
 def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="ib-400", seq: int,
          global_batch: int, dtype: str = "bf16", attention: str = "flash", hw: Hardware | None = None,
          net: Network | None = None, keep_unfit: bool = False, fixed: dict | None = None,
-         compile: bool = False, kernels: str = "eager") -> list[Candidate]:
+         compile: bool = False, elementwise: str = "eager") -> list[Candidate]:
     """All evaluated candidates, fitting ones first, each group by predicted step time. Raises NoFit if none fits.
 
     ``fixed``: Layout fields held at a value (e.g. {"sp": False, "recompute": "full"} to search only what a 2021
@@ -277,7 +278,7 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
     for k, v in (("seq", seq), ("global_batch", global_batch)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{k} must be a positive integer, got {v!r}")
-    ev = _Evaluator(shape, cluster, seq, global_batch, dtype, attention, compile, kernels)
+    ev = _Evaluator(shape, cluster, seq, global_batch, dtype, attention, compile, elementwise)
     out: list[Candidate] = []
     skipped: set = set()
     for stub in layouts_of(shape, gpus, cluster.gpus_per_node, seq, global_batch):

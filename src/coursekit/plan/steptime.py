@@ -10,7 +10,7 @@ Compute (per micro-batch, on the busiest pipeline stage: ceil(L/pp) layers plus 
   * attention core: flash (causal, half the s x s FLOPs; backward 2.5x forward, it recomputes QK^T) at
     attn_fraction of peak; or eager (full s x s batched GEMMs through the roofline + the score-matrix traffic).
   * element-wise kernels (norms, activation, residuals, rotary, dropout, casts, bias gradients): HBM traffic per
-    token, forward + backward, as ``kernels`` runs them: ``eager`` (default: the modeling code's own aten ops, one
+    token, forward + backward, as ``elementwise`` runs them: ``eager`` (default: the modeling code's own aten ops, one
     kernel each; ELEMENTWISE's coefficients of h, the query and key/value widths and the MLP width, read from
     ``coursekit.measure.elementwise``'s op-by-op counts of transformers' layers) or ``fused`` (Megatron-LM /
     Transformer Engine / Apex fused norm, bias-activation and bias-dropout-add kernels: FUSED_H passes of a hidden
@@ -100,7 +100,7 @@ GELU_NEW_F = 41.0
 # gate product (3)
 FUSED_H = 32
 FUSED_F = 8
-KERNELS = ("eager", "fused")
+ELEMENTWISE_KERNELS = ("eager", "fused")
 # Kernels (aten ops) per step, counted with a TorchDispatchMode on HF LlamaForCausalLM (transformers 5, sdpa):
 # 211 per layer forward + backward (73 + 138), 79 for embedding, head and loss, 9 per parameter tensor in the
 # trainer's single-tensor AdamW (no weight decay). Each costs at least kernel_floor_s: what a tiny model is made of;
@@ -194,10 +194,10 @@ def _flops(shape, batch: int, seq: int, recompute: str) -> float:
 
 # -- the model ---------------------------------------------------------------------------------------------------------
 def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: int, dtype: str = "bf16",
-            attention: str = "flash", compile: bool = False, kernels: str = "eager") -> Prediction:
+            attention: str = "flash", compile: bool = False, elementwise: str = "eager") -> Prediction:
     """Predicted step time of ``layout`` for ``shape`` (a ModelShape) on ``cluster``. ``dtype`` fp8: the linear
     layers' GEMMs on the FP8 tensor cores with torchao float8's dynamic casts, the rest bf16 (MFU then counts
-    against the bf16 peak); ``compile``: torch.compile's fused element-wise kernels (COMPILE_ELEMWISE); ``kernels``:
+    against the bf16 peak); ``compile``: torch.compile's fused element-wise kernels (COMPILE_ELEMWISE); ``elementwise``:
     eager (the modeling code's aten ops) or fused (Megatron-LM / Transformer Engine kernels)."""
     hw, L = cluster.hw, layout
     gemm_dtype = dtype
@@ -223,7 +223,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     rc_frac = 1.0 if L.recompute_layers is None else min(1.0, L.recompute_layers * v / stage_layers)
     layer, a_fwd, a_bwd, gemms = _layer_time(shape, L, hw, t=t, seq=seq, act=act, dtype=dtype, attention=attention,
                                              sp=sp, gemm_dtype=gemm_dtype, compiled=compile, rc_frac=rc_frac,
-                                             kernels=kernels)
+                                             elementwise=elementwise)
     tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd,
                              rc_frac=rc_frac)
     if ov.get("tp"):  # each collective pipelined with its GEMM in tp chunks: the first chunk, or what the GEMMs leave
@@ -269,7 +269,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                       optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
                       mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds,
                       overlap={**ov, "grad_reduce_dtype": L.grad_reduce_dtype},
-                      run={"gemm_dtype": gemm_dtype, "compile": compile, "kernels": kernels})
+                      run={"gemm_dtype": gemm_dtype, "compile": compile, "elementwise": elementwise})
 
 
 def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
@@ -285,15 +285,15 @@ def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
     return links.time("all_reduce", (router + experts) * 4 / 3, ("tp",), 3 * stage_layers)
 
 
-def elementwise_per_token(shape, *, tp: int = 1, sp: bool = False, kernels: str = "eager") -> float:
+def elementwise_per_token(shape, *, tp: int = 1, sp: bool = False, elementwise: str = "eager") -> float:
     """Element-wise reads + writes of one layer, forward + backward, per token on one TP rank, in elements of the
     activation dtype (ELEMENTWISE's eager coefficients, or the fused hand count)."""
-    if kernels not in KERNELS:
-        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+    if elementwise not in ELEMENTWISE_KERNELS:
+        raise ValueError(f"elementwise must be one of {', '.join(ELEMENTWISE_KERNELS)}, got {elementwise!r}")
     h, d = shape.hidden, shape.head_dim
     hs = h / (tp if sp else 1)  # the hidden-width work: every TP rank does it whole unless SP splits the sequence
     moe_f = shape.moe_ffn * shape.top_k  # a token's expert width (0 for a dense model: top_k 0)
-    if kernels == "fused":
+    if elementwise == "fused":
         return FUSED_H * hs + FUSED_F * (moe_f or shape.ffn) / tp
     ch, cq, ckv, cf, ckf, ckh, c0 = ELEMENTWISE[ELEMENTWISE_FAMILY[shape.family]]  # MoE families: cf 0, no dense MLP
     q, kv, f = shape.heads * d / tp, max(1, shape.kv_heads // tp) * d, shape.ffn / tp
@@ -309,7 +309,7 @@ def elementwise_per_token(shape, *, tp: int = 1, sp: bool = False, kernels: str 
 
 
 def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=None, compiled=False,
-                rc_frac=1.0, kernels="eager") -> tuple[float, float, float, float]:
+                rc_frac=1.0, elementwise="eager") -> tuple[float, float, float, float]:
     """Compute of one layer, one micro-batch (forward, backward, recompute): (layer, attention fwd, attention bwd,
     the GEMMs' forward + backward). ``gemm_dtype`` fp8: the linear GEMMs on FP8 tensor cores plus their casts."""
     gd = gemm_dtype or dtype
@@ -338,7 +338,7 @@ def _layer_time(shape, L, hw, *, t, seq, act, dtype, attention, sp, gemm_dtype=N
         a_fwd = 2 * gemm_time(seq / cp, d, seq, hw, dtype, bmm)
         a_fwd += SCORE_PASSES / 2 * bmm * (seq / cp) * seq * act / (hw.hbm_bw * HBM_FRACTION)
         a_bwd = 2 * a_fwd
-    elem = t * elementwise_per_token(shape, tp=tp, sp=sp, kernels=kernels) * act / (hw.hbm_bw * HBM_FRACTION)
+    elem = t * elementwise_per_token(shape, tp=tp, sp=sp, elementwise=elementwise) * act / (hw.hbm_bw * HBM_FRACTION)
     elem = max(elem, OPS_PER_LAYER * hw.kernel_floor_s) * (COMPILE_ELEMWISE if compiled else 1)
     if gd == "fp8":  # each linear's input, weight (forward, again in backward) and output gradient: amax + cast
         elem += sum(FP8_CAST_BYTES * (2 * M * K + 2 * K * N + M * N) for M, K, N in gemms) / (hw.hbm_bw * HBM_FRACTION)
