@@ -647,12 +647,15 @@ def test_a_prediction_outside_the_checked_runs_says_so():
     assert unchecked(dense, Layout(dp_replicate=8), pred(30)) == ()
     assert unchecked(dense, Layout(dp_replicate=8), pred(31)) == (
         "exposed communication 31% of the step (checked runs: <= 30%)",)
-    fsdp = Layout(dp_shard=64, engine="fsdp2")
+    fsdp = Layout(dp_shard=64, engine="fsdp2", recompute="full")
     assert unchecked(dense, fsdp, pred(0)) == ("sharded data parallelism over 64 GPUs without TP or PP (holds up to "
                                                "32; beyond, published runs are up to 4x slower than predicted)",)
-    assert unchecked(dense, Layout(dp_shard=32, engine="fsdp2"), pred(0)) == ()
-    assert unchecked(dense, Layout(dp_shard=128, engine="fsdp2", tp=2), pred(0)) == ()
+    assert unchecked(dense, Layout(dp_shard=32, engine="fsdp2", recompute="full"), pred(0)) == ()
+    assert unchecked(dense, Layout(dp_shard=128, engine="fsdp2", tp=2, recompute="full"), pred(0)) == ()
     assert unchecked(dense, Layout(dp_replicate=64, engine="deepspeed", zero=3), pred(0))[0].startswith("sharded")
+    # without checkpointing, sharded: LLM Foundry's H100 runs of the kind were slower than predicted at any scale
+    assert unchecked(dense, Layout(dp_shard=8, engine="fsdp2"), pred(0))[0].startswith(
+        "sharded data parallelism without activation checkpointing")
     assert unchecked(dense, Layout(dp_replicate=64, engine="deepspeed", zero=2), pred(0)) == ()  # not ZeRO-3
     assert unchecked(moe, Layout(dp_replicate=16, cp=2, ep=8), pred(0)) == ()
     assert unchecked(moe, Layout(dp_replicate=16, cp=2, cp_impl="ulysses", ep=16), pred(0)) == (
@@ -669,7 +672,7 @@ def test_a_prediction_outside_the_checked_runs_says_so():
     assert any(u.startswith("context parallelism") for u in row["unchecked"]) == (
         L["cp"] > 2 or (L["cp"] > 1 and L["cp_impl"] != "ring"))
     wide_fsdp = L["engine"] == "fsdp2" and L["tp"] == L["pp"] == 1 and L["dp_shard"] * L["dp_replicate"] > 32
-    assert any(u.startswith("sharded data parallelism") for u in row["unchecked"]) == wide_fsdp
+    assert any(u.startswith("sharded data parallelism over") for u in row["unchecked"]) == wide_fsdp
 
 
 def test_sp_style_sizes_the_column_parallel_inputs_as_torch_or_megatron_keep_them():
