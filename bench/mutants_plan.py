@@ -216,7 +216,7 @@ MARKED: dict[str, dict[str, str]] = {
         **{f"x__layer_time__mutmut_{i}": _SYM.format(what) for i, what in (
             (67, "condition n_in == 2 -> False"), (68, "condition n_in == 2 -> True"),
             (70, "condition n_in == 2 -> != 2"), (71, "condition n_in == 2 -> == 3"))},
-        "x_elementwise_per_token__mutmut_35": _KV.format("kv // tp -> kv / tp"),
+        "x_elementwise_per_token__mutmut_34": _KV.format("kv // tp -> kv / tp"),
         "x__tp_cp_time__mutmut_1": "rc_frac's default 1.0 -> 2.0: its one caller (predict) always passes rc_frac",
         "x__tp_cp_time__mutmut_7": _KV.format("condition kv >= tp -> True (max(1, kv // tp) is 1 for kv < tp too)"),
         "x__tp_cp_time__mutmut_13": _KV.format("kv // tp -> kv / tp"),

@@ -42,9 +42,8 @@ class ElementwiseBytes(TorchDispatchMode):
         outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         storages = {t.untyped_storage().data_ptr() for t in ins}
         fresh = [o for o in outs if o.untyped_storage().data_ptr() not in storages]
-        if outs and not fresh:  # a view, or an op that wrote in place into its own input: only the latter moves
-            if not func._schema.is_mutable:
-                return out
+        if outs and not fresh and not func._schema.is_mutable:  # a view moves nothing (an in-place op does)
+            return out
         n = sum(t.numel() * t.element_size() for t in ins if t.dim() > 0 and not t.is_meta)
         n += sum(o.numel() * o.element_size() for o in outs)
         self.total += n
@@ -52,7 +51,7 @@ class ElementwiseBytes(TorchDispatchMode):
         return out
 
 
-def _model_bytes(config: dict, layers: int, seq: int, batch: int, dtype) -> tuple[int, dict]:
+def _model_bytes(config: dict, layers: int, seq: int, batch: int, dtype) -> int:
     model = build_model({**config, "num_hidden_layers" if config.get("model_type") != "gpt2" else "n_layer": layers},
                         dtype=dtype, seed=0)
     model.train()
@@ -60,13 +59,11 @@ def _model_bytes(config: dict, layers: int, seq: int, batch: int, dtype) -> tupl
     with ElementwiseBytes() as c:
         out = model(input_ids=ids, labels=ids, use_cache=False)
         out.loss.backward()
-    return c.total, c.by_op
+    return c.total
 
 
 def layer_elementwise_bytes(config: dict, *, seq: int = 128, batch: int = 2, dtype=torch.bfloat16) -> float:
     """Element-wise bytes per token of one layer, forward + backward (a HF config dict with ``model_type``, as
     ``coursekit.memory.presets.to_hf_config_dict`` writes), in ``dtype``."""
     torch.manual_seed(0)
-    two, _ = _model_bytes(config, 2, seq, batch, dtype)
-    one, _ = _model_bytes(config, 1, seq, batch, dtype)
-    return (two - one) / (seq * batch)
+    return (_model_bytes(config, 2, seq, batch, dtype) - _model_bytes(config, 1, seq, batch, dtype)) / (seq * batch)

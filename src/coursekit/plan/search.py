@@ -28,7 +28,7 @@ from coursekit.parallel import LayoutError, check_model
 from coursekit.plan import overlap
 from coursekit.plan.hardware import Hardware, Network, hardware as hw_lookup, network as net_lookup
 from coursekit.plan.layout import RECOMPUTE, Layout
-from coursekit.plan.steptime import ELEMENTWISE_KERNELS, Cluster, Prediction, predict
+from coursekit.plan.steptime import Cluster, Prediction, check_elementwise, predict
 
 MEMORY_SLACK = 0.05
 _RUN_FIELDS = tuple(f.name for f in fields(Layout)
@@ -121,8 +121,7 @@ class _Evaluator:
                  elementwise="eager"):
         self.shape, self.cluster, self.seq, self.B, self.dtype, self.attention = (shape, cluster, seq, global_batch,
                                                                                   dtype, attention)
-        if elementwise not in ELEMENTWISE_KERNELS:
-            raise ValueError(f"elementwise must be one of {', '.join(ELEMENTWISE_KERNELS)}, got {elementwise!r}")
+        check_elementwise(elementwise)  # before the search: where nothing fits, nothing is predicted
         self.compile, self.elementwise = compile, elementwise
         # memory: fp8 runs as bf16 (torchao float8 keeps bf16 weights and saves the bf16 input and weight of each
         # linear for backward; its fp8 copies are transient); torch.compile sized as eager

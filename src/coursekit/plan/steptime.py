@@ -83,15 +83,13 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 # gradient (measured: +1.00 per biased output width), and for gpt2 a dropout before each residual add (any p > 0)
 # adds RESID_DROPOUT_H, HF's tanh GELU (gelu_new, a chain of eight ops) GELU_NEW_F. Llama's RMSNorm runs in fp32
 # (casts up and down), rotary is five ops on q and k, SwiGLU three: eager moves ~6x what fused kernels do.
-ELEMENTWISE = {  # family: (h, q, kv, f, top_k x expert_ffn, top_k x h, constant)
+ELEMENTWISE = {  # family (another family: its arch's row): (h, q, kv, f, top_k x expert_ffn, top_k x h, constant)
     "llama": (152.19, 27.49, 25.79, 14.24, 0.0, 0.0, 3.2),
     "qwen3": (153.01, 92.68, 92.58, 14.10, 0.0, 0.0, 133.1),  # + an RMSNorm over each query and key head
     "mixtral": (159.54, 29.88, 20.77, 0.0, 17.97, 40.73, 1470.5),  # router softmax, top-k, per-expert gather/scatter
     "qwen3_moe": (154.84, 94.52, 89.91, 0.0, 18.04, 21.59, 912.0),
     "gpt2": (28.06, 0.0, 0.0, 5.0, 0.0, 0.0, 8.0),  # nn.LayerNorm and F.gelu: one aten kernel each way
 }
-ELEMENTWISE_FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "mixtral": "mixtral",
-                      "qwen3_moe": "qwen3_moe", "gpt2": "gpt2"}
 RESID_DROPOUT_H = 24.0  # gpt2's attention and MLP output dropouts + the embedding's: mask, scale, backward
 GELU_NEW_F = 41.0
 # Fused kernels (Megatron-LM, Transformer Engine, Apex), by hand per layer: 2 norms (forward read + write, backward
@@ -285,17 +283,22 @@ def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
     return links.time("all_reduce", (router + experts) * 4 / 3, ("tp",), 3 * stage_layers)
 
 
+def check_elementwise(elementwise: str) -> None:
+    """A ValueError unless ``elementwise`` names a kind of element-wise kernels (ELEMENTWISE_KERNELS)."""
+    if elementwise not in ELEMENTWISE_KERNELS:
+        raise ValueError(f"elementwise must be one of {', '.join(ELEMENTWISE_KERNELS)}, got {elementwise!r}")
+
+
 def elementwise_per_token(shape, *, tp: int = 1, sp: bool = False, elementwise: str = "eager") -> float:
     """Element-wise reads + writes of one layer, forward + backward, per token on one TP rank, in elements of the
     activation dtype (ELEMENTWISE's eager coefficients, or the fused hand count)."""
-    if elementwise not in ELEMENTWISE_KERNELS:
-        raise ValueError(f"elementwise must be one of {', '.join(ELEMENTWISE_KERNELS)}, got {elementwise!r}")
+    check_elementwise(elementwise)
     h, d = shape.hidden, shape.head_dim
     hs = h / (tp if sp else 1)  # the hidden-width work: every TP rank does it whole unless SP splits the sequence
     moe_f = shape.moe_ffn * shape.top_k  # a token's expert width (0 for a dense model: top_k 0)
     if elementwise == "fused":
         return FUSED_H * hs + FUSED_F * (moe_f or shape.ffn) / tp
-    ch, cq, ckv, cf, ckf, ckh, c0 = ELEMENTWISE[ELEMENTWISE_FAMILY[shape.family]]  # MoE families: cf 0, no dense MLP
+    ch, cq, ckv, cf, ckf, ckh, c0 = ELEMENTWISE.get(shape.family) or ELEMENTWISE[shape.arch]  # MoE: cf 0, no dense MLP
     q, kv, f = shape.heads * d / tp, max(1, shape.kv_heads // tp) * d, shape.ffn / tp
     if shape.is_moe:  # each routed expert's gate, up and down outputs (by the dense rule: HF's experts have no bias)
         mlp_out = shape.top_k * (2 * shape.moe_ffn + h) / tp
