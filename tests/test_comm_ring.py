@@ -10,7 +10,6 @@ reduce-scatter each chunk is summed on one rank and only copied afterwards.
 This file is also the worker (run under torchrun by the tests).
 """
 import hashlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -159,4 +158,6 @@ def test_ring_collectives_equal_torch(nproc, no_orphans):
 
 
 if __name__ == "__main__":
-    sys.exit(_worker())
+    from coursekit.launch import finish
+
+    finish(_worker())  # no interpreter teardown of a distributed worker (see coursekit.launch.finish)

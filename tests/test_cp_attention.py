@@ -471,4 +471,6 @@ def test_ring_equals_torch_context_parallel_on_gpus(no_orphans):
 
 
 if __name__ == "__main__":
-    sys.exit({"gpu": _gpu_worker, "llama": _llama_worker}.get(sys.argv[1] if sys.argv[1:] else "", _worker)())
+    from coursekit.launch import finish
+
+    finish({"gpu": _gpu_worker, "llama": _llama_worker}.get(sys.argv[1] if sys.argv[1:] else "", _worker)())

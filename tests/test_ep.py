@@ -341,7 +341,9 @@ def test_cli_refuses_ep_in_one_line_with_exit_2():
 
 
 if __name__ == "__main__":
-    sys.exit(_worker())
+    from coursekit.launch import finish
+
+    finish(_worker())  # no interpreter teardown of a distributed worker (see coursekit.launch.finish)
 
 
 def test_layout_shows_the_ep_groups_borrowed_from_the_data_ranks(capsys):
