@@ -99,6 +99,8 @@ with session(seed=0) as info:
         fully_shard(b)
     fully_shard(m)
     report(describe(m))
+from coursekit.launch import finish
+finish(0)  # no interpreter teardown of a distributed worker (coursekit.launch.finish)
 '''
     res = launch_code(code, nproc=2, timeout=300, stream=False)
     for rank, rows in enumerate(res.results):

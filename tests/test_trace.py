@@ -301,6 +301,8 @@ with ckdist.session() as info:
                     time.sleep({ms} / 3000)  # rank 1 is slow: {ms} ms per step, before its all-reduces
                 dist.all_reduce(x)
             prof.step()
+from coursekit.launch import finish
+finish(0)  # no interpreter teardown of a distributed worker (coursekit.launch.finish)
 """
 
 
