@@ -483,8 +483,9 @@ def dtensor_cost():
 
 
 def _compare(measured, run, zero3=None, dtensor=None):
-    """Predicted and measured step time of one trainer run; compute rates are measured while its steps run (a
-    thread of this process, on the same cores), because the shared machine's load changes from minute to minute."""
+    """Predicted and measured step time of one trainer run; compute rates are measured as close to its steps as
+    the cores allow (``run_measured``: beside them with a core to spare, else just before and after the launch),
+    because the shared machine's load changes from minute to minute."""
     from coursekit.memory import resolve_model
     from coursekit.plan.measure import host_hardware, measure_collectives, run_measured
 

@@ -371,7 +371,7 @@ def _measured(monkeypatch, launch_at, t0s, times, steps, first_after, *, step_re
 
     monkeypatch.setattr(measure, "run_trainer", run_trainer)
     out, hits = measure.run_measured(TrainerRun(strategy="ddp", nproc=2), model="tiny-llama", seq=64,
-                                     global_batch=8)
+                                     global_batch=8, cores=3)  # a core to spare: the sampling thread
     assert built == [1] and out["steps"] == steps
     sampler = samples.threads - {threading.main_thread()}
     assert len(sampler) == step_reported and all(t.daemon for t in sampler)  # it must not keep the process alive
@@ -388,6 +388,39 @@ def test_run_measured_keeps_the_samples_whose_interval_overlaps_the_timed_steps(
     assert hits == [1, 2]
     assert asked == {"model": "tiny-llama", "seq": 64, "global_batch": 8, "steps": 10, "timeout": 300, "extra": (),
                      "run": TrainerRun(strategy="ddp", nproc=2)}
+
+
+def test_run_measured_samples_before_and_after_when_the_ranks_take_every_core(monkeypatch):
+    """2 ranks on 2 cores (and 2 on 1): no sampling thread beside them; the figures are taken once before the launch
+    and once after it, in that order, and the run is handed on as asked (no on_step: nothing to wake); with a core
+    to spare the thread samples (the tests above). Catches >= -> >, the default core count, the samples' order and
+    the arguments."""
+    events = []
+    monkeypatch.setattr(measure, "_op_overhead_model", lambda: events.append("model"))
+    monkeypatch.setattr(measure, "measure_compute", lambda: events.append("sample") or {"n": events.count("sample")})
+
+    def run_trainer(run, **kw):
+        events.append(("run", run.nproc, tuple(sorted(kw))))
+        assert threading.active_count() == before_threads  # no sampler running beside the ranks
+        return {"step_time_s": 0.01, "steps": [0.02, 0.01], "final": {"first_step_after_s": 1.0}}
+
+    monkeypatch.setattr(measure, "run_trainer", run_trainer)
+    before_threads = threading.active_count()
+    kw = dict(model="tiny-llama", seq=64, global_batch=8)
+    for nproc, cores in ((2, 2), (2, 1)):
+        events.clear()
+        out, hits = measure.run_measured(TrainerRun(strategy="ddp", nproc=nproc), cores=cores, **kw)
+        assert hits == [{"n": 1}, {"n": 2}] and out["step_time_s"] == 0.01
+        assert events == ["model", "sample", ("run", 2, ("extra", "global_batch", "model", "seq", "steps", "timeout")),
+                          "sample"]
+    monkeypatch.setattr(measure.os, "cpu_count", lambda: 2)  # the default: this machine's cores
+    events.clear()
+    measure.run_measured(TrainerRun(strategy="ddp", nproc=2), **kw)
+    assert events[1] == "sample" and events[2][0] == "run"
+    monkeypatch.setattr(measure.os, "cpu_count", lambda: None)  # unknown: one core assumed, no thread
+    events.clear()
+    measure.run_measured(TrainerRun(strategy="ddp", nproc=2), **kw)
+    assert events[1] == "sample" and events[-1] == "sample"
 
 
 def test_run_measured_takes_the_nearest_sample_when_none_overlaps(monkeypatch):

@@ -249,14 +249,24 @@ def run_trainer(run, nproc: int | None = None, *, model: str, seq: int, global_b
 
 
 def run_measured(run, *, model: str, seq: int, global_batch: int, steps: int = 10, timeout: float = 300,
-                 extra=()) -> tuple[dict, list[dict]]:
-    """``run_trainer`` while a thread of this process takes ``measure_compute`` over and over from the first
-    step on: the figures whose interval overlaps the timed steps (the nearest one if none does), i.e. the machine
-    as the run's processes saw it, with them on the same cores (on a shared CPU the load moves by the minute, and a
-    launch spends most of its time importing before its few seconds of steps)."""
+                 extra=(), cores: int | None = None) -> tuple[dict, list[dict]]:
+    """``run_trainer`` and this machine's compute figures (``measure_compute``) as the run saw them.
+
+    With a core to spare (the run's processes fewer than ``cores``, default ``os.cpu_count()``), a thread of this
+    process takes the figures over and over from the first step on: those whose interval overlaps the timed steps
+    (the nearest one if none does), the machine as the run's processes saw it (on a shared CPU the load moves by the
+    minute, and a launch spends most of its time importing before its few seconds of steps). Without one, once just
+    before the launch and once just after it: a sampler on the ranks' own cores slowed the run it measured (2 ranks
+    on 2 cores: DDP's step 14.8 -> 23.5 ms, CP's 24 -> 59 ms, every collective waiting until both ranks got a core
+    back), while the rates it read moved the prediction by a few per cent."""
     import threading
 
     _op_overhead_model()  # build it now (imports transformers), not in the middle of the steps
+    if run.nproc >= (cores or os.cpu_count() or 1):
+        before = measure_compute()
+        out = run_trainer(run, model=model, seq=seq, global_batch=global_batch, steps=steps, timeout=timeout,
+                          extra=extra)
+        return out, [before, measure_compute()]
     samples, stop, started = [], threading.Event(), threading.Event()
 
     def loop():
