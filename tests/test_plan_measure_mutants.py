@@ -400,7 +400,7 @@ def test_run_measured_samples_before_and_after_when_the_ranks_take_every_core(mo
     monkeypatch.setattr(measure, "measure_compute", lambda: events.append("sample") or {"n": events.count("sample")})
 
     def run_trainer(run, **kw):
-        events.append(("run", run.nproc, tuple(sorted(kw))))
+        events.append(("run", run.nproc, kw))
         assert threading.active_count() == before_threads  # no sampler running beside the ranks
         return {"step_time_s": 0.01, "steps": [0.02, 0.01], "final": {"first_step_after_s": 1.0}}
 
@@ -411,16 +411,15 @@ def test_run_measured_samples_before_and_after_when_the_ranks_take_every_core(mo
         events.clear()
         out, hits = measure.run_measured(TrainerRun(strategy="ddp", nproc=nproc), cores=cores, **kw)
         assert hits == [{"n": 1}, {"n": 2}] and out["step_time_s"] == 0.01
-        assert events == ["model", "sample", ("run", 2, ("extra", "global_batch", "model", "seq", "steps", "timeout")),
-                          "sample"]
+        assert events == ["model", "sample", ("run", 2, {**kw, "steps": 10, "timeout": 300, "extra": ()}), "sample"]
     monkeypatch.setattr(measure.os, "cpu_count", lambda: 2)  # the default: this machine's cores
     events.clear()
     measure.run_measured(TrainerRun(strategy="ddp", nproc=2), **kw)
     assert events[1] == "sample" and events[2][0] == "run"
-    monkeypatch.setattr(measure.os, "cpu_count", lambda: None)  # unknown: one core assumed, no thread
+    monkeypatch.setattr(measure.os, "cpu_count", lambda: None)  # unknown: one core assumed, so 1 rank takes it
     events.clear()
-    measure.run_measured(TrainerRun(strategy="ddp", nproc=2), **kw)
-    assert events[1] == "sample" and events[-1] == "sample"
+    measure.run_measured(TrainerRun(strategy="single", nproc=1), steps=3, timeout=7, extra=("--x",), **kw)
+    assert events == ["model", "sample", ("run", 1, {**kw, "steps": 3, "timeout": 7, "extra": ("--x",)}), "sample"]
 
 
 def test_run_measured_takes_the_nearest_sample_when_none_overlaps(monkeypatch):
