@@ -20,6 +20,7 @@ import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -147,8 +148,6 @@ def test_no_fit_names_the_smallest_extra_memory():
     need = e.value.extra_bytes
     assert need > 0
     # give the GPU exactly that much more (plus the slack on it): now the closest layout fits
-    from dataclasses import replace
-
     from coursekit.plan.search import MEMORY_SLACK
 
     hw = hardware("A100-40GB")
@@ -664,6 +663,12 @@ def test_a_prediction_outside_the_checked_runs_says_so():
                                                                   "node)")
     assert unchecked(dense, Layout(dp_replicate=2, cp=4), pred(0)) == ("context parallelism cp 4 ring (checked: ring, "
                                                                        "cp 2)",)
+    # data-parallel communication over half the compute it hides behind (50 ms of comm behind 100: not; 51: flagged)
+    comm = lambda ms: replace(pred(0), dp_comm_s=ms / 1e3)  # noqa: E731
+    assert unchecked(dense, Layout(dp_replicate=8), comm(50)) == ()
+    assert unchecked(dense, Layout(dp_replicate=8), comm(51)) == (
+        "data-parallel communication 0.51x the compute it hides behind (checked runs: <= 0.5x; GPT-3 175B ZeRO-3 on "
+        "1,536 A100s, 1.1x, ran 3.4x slower than predicted)",)
     # and the planner's own rows carry it, in the table and in --json
     out = subprocess.run([sys.executable, "-m", "coursekit.cli", "plan", "--model", "llama3-8b", "--gpus", "512",
                           "--seq", "4096", "--global-batch", "1024", "--top", "1", "--json"], capture_output=True,
@@ -674,6 +679,30 @@ def test_a_prediction_outside_the_checked_runs_says_so():
         L["cp"] > 2 or (L["cp"] > 1 and L["cp_impl"] != "ring"))
     wide_fsdp = L["engine"] == "fsdp2" and L["tp"] == L["pp"] == 1 and L["dp_shard"] * L["dp_replicate"] > 32
     assert any(u.startswith("sharded data parallelism over") for u in row["unchecked"]) == wide_fsdp
+
+
+def test_the_checked_communication_ratio_is_the_published_runs():
+    """CHECKED_DP_COMM is read off the published table: every fitting row predicted within 25 % has its data-parallel
+    communication at most that multiple of its compute; the two rows above it are MPT-13B on 64 H100s (+29 % or
+    worse) and GPT-3 175B ZeRO-3 on 1,536 A100s (the only one above 1: bound by its gathers, still >3x off, and
+    flagged). A model change that moves these ratios moves this test."""
+    from coursekit.plan.search import CHECKED_DP_COMM
+
+    b = _bench()
+    ratios = {}
+    for c in b.CASES:
+        cand = evaluate(c.model, c.layout, gpus=c.gpus, gpus_per_node=c.gpus_per_node, gpu=c.gpu, network=c.network,
+                        seq=c.seq, global_batch=c.global_batch, attention=c.attention, dtype=c.dtype,
+                        compile=c.compile, elementwise=c.elementwise)
+        p = cand.prediction
+        ratios[c.name] = (p.dp_comm_s / p.compute_s, b.run_case(c, search=False), cand)
+    good = [r for r, row, cand in ratios.values() if row["fits"] and abs(row["error"]) <= 0.25]
+    assert max(good) <= CHECKED_DP_COMM < max(good) * 1.05, max(good)  # the bound is the largest good row's
+    above = {name for name, (r, row, _) in ratios.items() if r > CHECKED_DP_COMM}
+    assert above == {"MPT-13B, 64 GPUs (LLM Foundry)", "GPT-3 175B ZeRO-3, 1536 GPUs (DeepSpeed)"}, above
+    r, row, cand = ratios["GPT-3 175B ZeRO-3, 1536 GPUs (DeepSpeed)"]
+    assert r > 1 and row["error"] > 2 and any(u.startswith("data-parallel communication") for u in cand.unchecked)
+    assert ratios["MPT-13B, 64 GPUs (LLM Foundry)"][1]["error"] > 0.25
 
 
 def test_sp_style_sizes_the_column_parallel_inputs_as_torch_or_megatron_keep_them():

@@ -35,6 +35,7 @@ _layer_time = partial(steptime._layer_time, elementwise="fused")
 ALPHA, BW = 10e-6, 1e9
 TOY = Hardware(name="toy", memory_bytes=10**12, peak_flops={"bf16": 1e12, "fp32": 0.5e12}, hbm_bw=1e12 / 0.85,
                link_bw=1e9, gemm_fraction=1.0, gemm_half_dim=0, attn_fraction=0.5, kernel_floor_s=0.0,
+               overlap_slowdown=0.0,  # the hidden collectives' cost to compute: its own test below
                collectives={op: (ALPHA, BW) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                                        "send")})
 NET = Network(name="toy-net", bw_per_gpu=1e9)
@@ -351,8 +352,9 @@ def test_expert_parallel_all_to_alls_four_per_layer():
 
 # -- more of the stated rules: whole-step bookkeeping, other shapes, the overlap windows ------------------------------
 def _parts(p):
-    """The step as the module states it: compute + exposed communication + bubble + optimizer + host work."""
-    return p.compute_s + sum(p.exposed_s.values()) + p.bubble_s + p.optimizer_s + p.host_s
+    """The step as the module states it: compute + exposed communication + bubble + optimizer + host work + what
+    the hidden communication costs the compute beside it."""
+    return p.compute_s + sum(p.exposed_s.values()) + p.bubble_s + p.optimizer_s + p.host_s + p.interference_s
 
 
 def test_json_row_and_per_gpu_rates_of_a_two_gpu_step():
@@ -364,7 +366,11 @@ def test_json_row_and_per_gpu_rates_of_a_two_gpu_step():
                            "hfu": p.hfu, "links": {"dp": "nvlink"},
                            # DDP's one overlap (its reducer's buckets behind backward), on by default; fp32 gradients
                            "overlap": {"grad_reduce": True, "grad_reduce_dtype": "fp32"},
-                           "run": {"gemm_dtype": "bf16", "compile": False, "elementwise": "fused"}}
+                           "run": {"gemm_dtype": "bf16", "compile": False, "elementwise": "fused"},
+                           "interference_s": 0.0, "dp_comm_s": p.dp_comm_s}
+    # DDP's one bucket of fp32 gradients (164,416 x 4 B, all-reduce factor 1), before overlap (the toy GPU has no
+    # per-step loss sync)
+    assert p.dp_comm_s == pytest.approx(call(1, STAGE_PARAMS * 4), rel=1e-12)
     # 16 x 256 tokens per step over 2 GPUs; MFU / HFU: the step's FLOPs over 2 GPUs x 1 TFLOP/s
     assert p.tokens_per_s_per_gpu == pytest.approx(16 * SEQ / p.step_time_s / 2, rel=1e-12)
     assert p.mfu == pytest.approx(flops_per_step(SHAPE, 16, SEQ)["total"] / (p.step_time_s * 2e12), rel=1e-12)
@@ -710,3 +716,35 @@ def test_eager_elementwise_by_hand():
         steptime.predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8, elementwise="x")
     plain = steptime.predict(SHAPE, Layout(micro_batch=MB), cluster(1), seq=SEQ, global_batch=8)  # the default
     assert plain.run["elementwise"] == "eager" and plain.compute_s == pytest.approx(2 * (4 * eager_layer + HEAD), rel=1e-12)
+
+
+def test_hidden_communication_slows_the_compute_beside_it():
+    """Hardware.overlap_slowdown s: compute beside a collective runs (1 + s) slower, so each hidden second costs
+    s / (1 + s) s of step (s = 0.25: 0.2 s). By hand on the toy model: FSDP2 over 2 ranks hides 2 x (8 gathers + 4
+    reduce-scatters) but the first gather and last reduce of each micro-batch; DDP hides its bucket's all-reduce
+    behind backward down to that one bucket (all of it exposed: nothing hidden); TP overlap hides what its chunks
+    take from the communication (tp_s - exposed per layer, 4 layers, 2 micro-batches). With nothing hidden (overlap
+    0) nothing is charged, and the default is Lee et al.'s mean slowdown (0.189)."""
+    from coursekit.plan.hardware import HARDWARE, OVERLAP_SLOWDOWN
+
+    hw = replace(TOY, overlap_slowdown=0.25)
+    L = Layout(dp_shard=2, engine="fsdp2", micro_batch=MB)
+    gather, reduce = call(0.5, PER_LAYER * 2, 8), call(0.5, PER_LAYER * 4, 4)
+    base = predict(SHAPE, L, cluster(2), seq=SEQ, global_batch=16)
+    slow = predict(SHAPE, L, cluster(2, hw), seq=SEQ, global_batch=16)
+    hidden = 2 * (gather + reduce) - 2 * (gather / 8 + reduce / 4)
+    assert slow.dp_comm_s == pytest.approx(2 * (gather + reduce), rel=1e-12)
+    assert slow.interference_s == pytest.approx(0.2 * hidden, rel=1e-12)
+    assert slow.step_time_s == pytest.approx(base.step_time_s + 0.2 * hidden, rel=1e-12)
+    assert slow.step_time_s == pytest.approx(_parts(slow), rel=1e-12)
+    assert slow.exposed_s == base.exposed_s and slow.compute_s == base.compute_s  # only the new term moves
+    none = predict(SHAPE, L, cluster(2, replace(hw, overlap=0.0)), seq=SEQ, global_batch=16)
+    assert none.interference_s == 0.0  # nothing hides, nothing interferes
+    ddp = predict(SHAPE, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
+    assert ddp.interference_s == 0.0  # one bucket: its reduce is the last bucket, exposed whole
+    tp_s = 2 * call(0.5, 131072, 4)
+    tp = predict(SHAPE, Layout(tp=2, micro_batch=MB, overlap="tp"), cluster(2, hw), seq=SEQ, global_batch=8)
+    assert tp.interference_s == pytest.approx(0.2 * 2 * 4 * (tp_s - (tp_s - 3 * G / 2)), rel=1e-12)
+    assert OVERLAP_SLOWDOWN == 0.189 and Hardware(name="x", memory_bytes=1, peak_flops={}, hbm_bw=1,
+                                                  link_bw=1).overlap_slowdown == OVERLAP_SLOWDOWN
+    assert {h.overlap_slowdown for h in HARDWARE.values()} == {0.189}

@@ -160,13 +160,18 @@ class Prediction:
     """The overlaps assumed (``coursekit.plan.overlap``: each that applies, on or off) and the gradient dtype."""
     run: dict = field(default_factory=dict)
     """The run settings priced: the GEMMs' dtype, torch.compile and the element-wise kernels (eager / fused)."""
+    interference_s: float = 0.0
+    """What the hidden communication costs the compute beside it (``Hardware.overlap_slowdown``), in the step."""
+    dp_comm_s: float = 0.0
+    """The data-parallel collectives' whole time per step, before any overlap (``exposed_s["dp"]`` is the part the
+    step waits for): above ``compute_s`` the step is bound by them, however well they overlap."""
 
     def to_dict(self) -> dict:
         return {"step_time_s": self.step_time_s, "compute_s": self.compute_s, "bubble_s": self.bubble_s,
                 "exposed_s": dict(self.exposed_s), "optimizer_s": self.optimizer_s, "host_s": self.host_s,
                 "microbatches": self.microbatches, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
                 "mfu": self.mfu, "hfu": self.hfu, "links": dict(self.links), "overlap": dict(self.overlap),
-                "run": dict(self.run)}
+                "run": dict(self.run), "interference_s": self.interference_s, "dp_comm_s": self.dp_comm_s}
 
 
 # -- building blocks ---------------------------------------------------------------------------------------------------
@@ -224,8 +229,10 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                                              elementwise=elementwise)
     tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd,
                              rc_frac=rc_frac)
+    tp_hidden = 0.0
     if ov.get("tp"):  # each collective pipelined with its GEMM in tp chunks: the first chunk, or what the GEMMs leave
-        tp_s = max(tp_s / tp, tp_s - hw.overlap * gemms)
+        tp_s, tp_hidden = max(tp_s / tp, tp_s - hw.overlap * gemms), tp_s
+        tp_hidden -= tp_s
 
     # one micro-batch on the busiest (last) stage
     h, V = shape.hidden, shape.vocab
@@ -238,7 +245,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
         pp_s = links.p2p(p2p_bytes, "pp", 2 * v)
 
     dp_axes = DERIVED["loss"]  # dp x cp: CP ranks hold the same weights, so gradients reduce over them too
-    stage_params, fsdp_mb, step_dp, host_mb = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
+    stage_params, fsdp_mb, step_dp, host_mb, dp_comm = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
                                                              stage_layers=stage_layers, compute_mb=compute_mb,
                                                              dp_axes=dp_axes, ov=ov)
     ep_s = 0.0
@@ -247,9 +254,15 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     mb_time = compute_mb + stage_layers * (tp_s + cp_s + ep_s) + pp_s + fsdp_mb + host_mb
     bubble = (pp - 1) / v * mb_time if pp > 1 else 0.0
     opt = _optimizer_time(shape, L, hw, stage_params=stage_params, stage_layers=stage_layers)
-    step_dp += links.time("all_reduce", 4, ("pp",) + dp_axes, 1) if hw.loss_sync else 0.0  # mesh order: pp outermost
+    loss_sync = links.time("all_reduce", 4, ("pp",) + dp_axes, 1) if hw.loss_sync else 0.0  # mesh order: pp outermost
+    step_dp, dp_comm = step_dp + loss_sync, dp_comm + loss_sync
     tp_step = _moe_tp_reduce(shape, L, links, stage_layers)
-    step = m * mb_time + bubble + step_dp + tp_step + opt
+    exposed_dp = m * fsdp_mb + step_dp
+    # compute beside a hidden collective runs slower (its kernels hold SMs and HBM bandwidth): the hidden part of the
+    # data-parallel and pipelined-TP collectives stretches the step once (a pipeline's bubble is not stretched by it)
+    hidden = max(0.0, dp_comm - exposed_dp) + m * stage_layers * tp_hidden
+    interference = hw.overlap_slowdown / (1 + hw.overlap_slowdown) * hidden
+    step = m * mb_time + bubble + step_dp + tp_step + opt + interference
 
     tokens = global_batch * seq
     gpus = L.world
@@ -259,7 +272,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
         hflops = mflops + rc_frac * (hflops - mflops)
     peak = hw.peak(dtype)  # fp8: against the bf16 peak (both tensor-core kinds run; torchtitan: "not well-defined")
     exposed = {"tp": m * stage_layers * tp_s + tp_step, "cp": m * stage_layers * cp_s, "pp": m * pp_s,
-               "dp": m * fsdp_mb + step_dp, **({"ep": m * stage_layers * ep_s} if L.ep > 1 else {})}
+               "dp": exposed_dp, **({"ep": m * stage_layers * ep_s} if L.ep > 1 else {})}
     link_kinds = {name: links.kind(axes) for name, axes in
                   (("tp", ("tp",)), ("cp", ("cp",)), ("dp", dp_axes), ("pp", ("pp",)), ("ep", ("ep",)))
                   if links.placement(axes)[0] > 1}
@@ -267,7 +280,8 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                       optimizer_s=opt, host_s=m * host_mb, microbatches=m, tokens_per_s_per_gpu=tokens / step / gpus,
                       mfu=mflops / (step * gpus * peak), hfu=hflops / (step * gpus * peak), links=link_kinds,
                       overlap={**ov, "grad_reduce_dtype": L.grad_reduce_dtype},
-                      run={"gemm_dtype": gemm_dtype, "compile": compile, "elementwise": elementwise})
+                      run={"gemm_dtype": gemm_dtype, "compile": compile, "elementwise": elementwise},
+                      interference_s=interference, dp_comm_s=dp_comm)
 
 
 def _moe_tp_reduce(shape, L, links, stage_layers) -> float:
@@ -388,11 +402,11 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd, rc_frac=1.0) 
 
 def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb, dp_axes, ov):
     """Data parallel: (stage parameters, exposed per micro-batch (sharded engines), exposed per step, host work per
-    micro-batch left after overlap)."""
+    micro-batch left after overlap, the collectives' whole time per step before overlap)."""
     tp, cp = L.tp, L.cp
     per_layer, first, last, _ = shape.local_params(tp, L.ep)
     stage_params = stage_layers * per_layer + max(first, last)
-    fsdp_mb = step_dp = 0.0
+    fsdp_mb = step_dp = whole = 0.0
     # host work beyond the eager per-op cost: DTensor dispatch of TP layers, ZeRO-3's hooks (below)
     host_mb = 0.0
     if tp > 1:
@@ -416,6 +430,7 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
             n_shard = links.placement(shard_axes)[0]
             reduce += links.time("all_reduce", unit * gbytes / n_shard, ("dp_replicate",), n_reduce)
         comm = gather + reduce
+        whole = m * comm
         first_last = gather / n_gather + reduce / n_reduce  # the first unit's gather + the last unit's reduce
         fsdp_mb = max(first_last, comm - hw.overlap * compute_mb) if ov["prefetch"] else comm
     elif L.dp * cp > 1:
@@ -426,16 +441,17 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
         red = links.time(op, grad_b / n_red, dp_axes, n_red)
         exposed_red = max(red / n_red, red - bwd_window) if ov["grad_reduce"] else red  # >= the last bucket
         if L.zero == 0:
-            step_dp = exposed_red
+            step_dp, whole = exposed_red, red
         else:  # ZeRO-1/2 all-gather the updated parameters after the step (allgather_bucket_size buckets); ZeRO-2
             # reduces every micro-batch
             n_gath = math.ceil(stage_params / DS_BUCKET)
             gath = links.time("all_gather", stage_params * pbytes / n_gath, dp_axes, n_gath)
+            whole = (m if L.zero == 2 else 1) * red + gath
             if ov["param_gather"]:  # bucket by bucket behind the next step's first forward: at least one bucket
                 gath = max(gath / n_gath, gath - hw.overlap * compute_mb / 3)
             step_dp = (m if L.zero == 2 else 1) * exposed_red + gath
     host_mb = max(0.0, host_mb - hw.overlap * compute_mb)  # host work hides only behind the device's compute
-    return stage_params, fsdp_mb, step_dp, host_mb
+    return stage_params, fsdp_mb, step_dp, host_mb, whole
 
 
 def _optimizer_time(shape, L, hw, *, stage_params, stage_layers) -> float:
