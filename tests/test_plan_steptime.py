@@ -231,10 +231,12 @@ def test_ddp_and_zero_reduce_gradients_over_dp():
     gather = call(0.5, STAGE_PARAMS * 2)
     assert z1.exposed_s["dp"] == pytest.approx(call(0.5, grads) + gather, rel=1e-12)
     assert z1.optimizer_s == pytest.approx(OPT / 2, rel=1e-12)
+    assert z1.dp_comm_s == pytest.approx(call(0.5, grads) + gather, rel=1e-12)  # all exposed: the same whole
     # ZeRO-2 reduce-scatters every micro-batch (2 here)
     z2 = predict(SHAPE, Layout(dp_replicate=2, engine="deepspeed", zero=2, micro_batch=MB), cluster(2), seq=SEQ,
                  global_batch=16)
     assert z2.exposed_s["dp"] == pytest.approx(2 * call(0.5, grads) + gather, rel=1e-12)
+    assert z2.dp_comm_s == pytest.approx(2 * call(0.5, grads) + gather, rel=1e-12)
 
 
 def test_a_gradient_reduce_longer_than_the_backward_is_exposed_beyond_it():
@@ -254,6 +256,7 @@ def test_loss_sync_is_one_small_all_reduce_per_step():
     hw = replace(TOY, loss_sync=True)
     p = predict(SHAPE, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
     assert p.exposed_s["dp"] == pytest.approx(call(1, STAGE_PARAMS * 4) + call(1, 4), rel=1e-12)  # a 4-byte loss
+    assert p.dp_comm_s == pytest.approx(call(1, STAGE_PARAMS * 4) + call(1, 4), rel=1e-12)  # in the whole too
     one = predict(SHAPE, Layout(micro_batch=MB), cluster(1, hw), seq=SEQ, global_batch=8)
     assert one.exposed_s["dp"] == 0  # one rank: nothing to reduce
 
