@@ -669,7 +669,7 @@ def test_a_prediction_outside_the_checked_runs_says_so():
     assert unchecked(dense, Layout(dp_replicate=8), comm(50)) == ()
     assert unchecked(dense, Layout(dp_replicate=8), comm(51)) == (
         "data-parallel communication 0.51x the compute it hides behind (checked runs: <= 0.5x; GPT-3 175B ZeRO-3 on "
-        "1,536 A100s, 1.1x, ran 3.4x slower than predicted)",)
+        "1,536 A100s, 1.1x, ran 3.7x slower than predicted)",)
     # and the planner's own rows carry it, in the table and in --json
     out = subprocess.run([sys.executable, "-m", "coursekit.cli", "plan", "--model", "llama3-8b", "--gpus", "512",
                           "--seq", "4096", "--global-batch", "1024", "--top", "1", "--json"], capture_output=True,

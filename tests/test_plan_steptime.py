@@ -722,13 +722,21 @@ def test_eager_elementwise_by_hand():
 
 
 def test_hidden_communication_slows_the_compute_beside_it():
-    """Hardware.overlap_slowdown s: compute beside a collective runs (1 + s) slower, so each hidden second costs
-    s / (1 + s) s of step (s = 0.25: 0.2 s). By hand on the toy model: FSDP2 over 2 ranks hides 2 x (8 gathers + 4
-    reduce-scatters) but the first gather and last reduce of each micro-batch; DDP hides its bucket's all-reduce
-    behind backward down to that one bucket (all of it exposed: nothing hidden); TP overlap hides what its chunks
-    take from the communication (tp_s - exposed per layer, 4 layers, 2 micro-batches). With nothing hidden (overlap
-    0) nothing is charged, and the default is Lee et al.'s mean slowdown (0.189)."""
+    """Hardware.overlap_slowdown s: compute beside a collective runs (1 + s) slower (s = 0.25 here: 1 / (1 + s) =
+    0.8). While the compute window outlasts the collectives, the step grows by hidden x s / (1 + s) = 0.2 x hidden;
+    once they outlast it, by what of the slowed compute outlasts them: window - comm x 0.8, never below 0. By hand:
+    FSDP2 over 2 ranks hides 2 x (8 gathers + 4 reduce-scatters) but the first gather and last reduce of each
+    micro-batch, inside the compute; DDP's one bucket is exposed whole (nothing hidden); TP overlap on the toy link
+    outlasts its GEMMs by far (0), and on a fast link hides all but one chunk (0.2 x that). With nothing hidden
+    (overlap 0) nothing is charged; the default is Lee et al.'s mean slowdown (0.189)."""
     from coursekit.plan.hardware import HARDWARE, OVERLAP_SLOWDOWN
+
+    stretch = steptime._stretch
+    assert stretch(10.0, 2.0, 20.0, 0.25) == pytest.approx(0.2 * 8.0)  # inside the window: 0.2 x hidden
+    assert stretch(10.0, 2.0, 10.0, 0.25) == pytest.approx(0.2 * 8.0)  # at its edge (comm == window) still
+    assert stretch(11.0, 1.0, 10.0, 0.25) == pytest.approx(10.0 - 11.0 * 0.8)  # beyond it: 1.2 s of slowed compute
+    assert stretch(13.0, 3.0, 10.0, 0.25) == 0.0  # 13 x 0.8 = 10.4 > 10: the compute ends under the collectives
+    assert stretch(5.0, 5.0, 20.0, 0.25) == 0.0 and stretch(5.0, 6.0, 20.0, 0.25) == 0.0  # nothing hidden
 
     hw = replace(TOY, overlap_slowdown=0.25)
     L = Layout(dp_shard=2, engine="fsdp2", micro_batch=MB)
@@ -736,6 +744,7 @@ def test_hidden_communication_slows_the_compute_beside_it():
     base = predict(SHAPE, L, cluster(2), seq=SEQ, global_batch=16)
     slow = predict(SHAPE, L, cluster(2, hw), seq=SEQ, global_batch=16)
     hidden = 2 * (gather + reduce) - 2 * (gather / 8 + reduce / 4)
+    assert 2 * (gather + reduce) < base.compute_s  # inside the compute window
     assert slow.dp_comm_s == pytest.approx(2 * (gather + reduce), rel=1e-12)
     assert slow.interference_s == pytest.approx(0.2 * hidden, rel=1e-12)
     assert slow.step_time_s == pytest.approx(base.step_time_s + 0.2 * hidden, rel=1e-12)
@@ -745,9 +754,38 @@ def test_hidden_communication_slows_the_compute_beside_it():
     assert none.interference_s == 0.0  # nothing hides, nothing interferes
     ddp = predict(SHAPE, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
     assert ddp.interference_s == 0.0  # one bucket: its reduce is the last bucket, exposed whole
-    tp_s = 2 * call(0.5, 131072, 4)
     tp = predict(SHAPE, Layout(tp=2, micro_batch=MB, overlap="tp"), cluster(2, hw), seq=SEQ, global_batch=8)
-    assert tp.interference_s == pytest.approx(0.2 * 2 * 4 * (tp_s - (tp_s - 3 * G / 2)), rel=1e-12)
+    assert 2 * call(0.5, 131072, 4) * 0.8 > 3 * G / 2 and tp.interference_s == 0.0  # outlasts the GEMMs by far
+    fast = replace(hw, collectives={**TOY.collectives, "all_gather": (0.0, 1e12), "reduce_scatter": (0.0, 1e12)})
+    quick = predict(SHAPE, Layout(tp=2, micro_batch=MB, overlap="tp"), cluster(2, fast), seq=SEQ, global_batch=8)
+    q_s = 2 * 4 * 131072 * 0.5 / 1e12  # far inside the GEMMs: all but the first of 2 chunks hidden
+    assert quick.interference_s == pytest.approx(2 * 4 * 0.2 * q_s / 2, rel=1e-12)
     assert OVERLAP_SLOWDOWN == 0.189 and Hardware(name="x", memory_bytes=1, peak_flops={}, hbm_bw=1,
                                                   link_bw=1).overlap_slowdown == OVERLAP_SLOWDOWN
     assert {h.overlap_slowdown for h in HARDWARE.values()} == {0.189}
+
+
+def test_hidden_gradient_buckets_and_parameter_gathers_slow_the_compute_too():
+    """The data-parallel engines' hidden parts, s = 0.25 (0.2 x hidden inside the window). DDP on the 2-layer h 1024
+    model: 4 buckets of 25 MiB, all but the last hidden behind backward (overlap 1) -> 0.2 x 3/4 of the all-reduce;
+    ZeRO-2 reduces every micro-batch (2 here) in one DeepSpeed bucket, exposed whole (0); ZeRO-1 on the 4-layer
+    h 4096 model: its fp32 gradients (2.69e9 B) fill 2 DeepSpeed buckets, the first hidden -> 0.2 x half the
+    reduce-scatter, and under param_gather one of its 2 gather buckets hidden behind the next step's first forward
+    -> 0.2 x half the gather more."""
+    hw = replace(TOY, overlap_slowdown=0.25)
+    big = ModelShape(arch="llama", layers=2, hidden=1024, heads=8, kv_heads=8, ffn=2048, vocab=256, max_positions=512)
+    red = call(1, 21238784 * 4 / 4, 4)
+    ddp = predict(big, Layout(dp_replicate=2, micro_batch=MB), cluster(2, hw), seq=SEQ, global_batch=16)
+    assert ddp.exposed_s["dp"] == pytest.approx(red / 4, rel=1e-12)  # inside the backward window
+    assert ddp.interference_s == pytest.approx(0.2 * red * 3 / 4, rel=1e-12)
+    z2 = predict(big, Layout(dp_replicate=2, engine="deepspeed", zero=2, micro_batch=MB), cluster(2, hw), seq=SEQ,
+                 global_batch=16)
+    assert z2.interference_s == 0.0 and z2.dp_comm_s == pytest.approx(z2.exposed_s["dp"], rel=1e-12)
+    huge = ModelShape(arch="llama", layers=4, hidden=4096, heads=32, kv_heads=32, ffn=8192, vocab=256,
+                      max_positions=512)
+    z = dict(dp_replicate=2, engine="deepspeed", zero=1, micro_batch=MB)
+    gather, reduce = call(0.5, 672174080 * 2 / 2, 2), call(0.5, 672174080 * 4 / 2, 2)
+    plain = predict(huge, Layout(**z), cluster(2, hw), seq=SEQ, global_batch=16)
+    assert plain.interference_s == pytest.approx(0.2 * reduce / 2, rel=1e-9)
+    shown = predict(huge, Layout(**z, overlap="param_gather"), cluster(2, hw), seq=SEQ, global_batch=16)
+    assert shown.interference_s == pytest.approx(0.2 * (reduce / 2 + gather / 2), rel=1e-9)

@@ -73,7 +73,7 @@ class Candidate:
 CHECKED_EXPOSED_COMM = 0.30
 # data-parallel communication over the compute it hides behind (Prediction.dp_comm_s / compute_s): the published
 # runs predicted within 25 % reach 0.5 (Megatron's Qwen3-235B-A22B with FSDP over 128 ranks); above it MPT-13B on 64
-# H100s (0.51) is +29 %, GPT-3 175B ZeRO-3 on 1,536 A100s (1.1: the step bound by its gathers) 3.4x slower
+# H100s (0.51) is +29 %, GPT-3 175B ZeRO-3 on 1,536 A100s (1.1: the step bound by its gathers) 3.7x slower
 CHECKED_DP_COMM = 0.5
 CHECKED_SHARDED_DP = 32
 CHECKED_CP = 2
@@ -89,7 +89,7 @@ def unchecked(shape, L: Layout, p: Prediction) -> tuple[str, ...]:
     ratio = p.dp_comm_s / p.compute_s if p.compute_s else 0.0
     if ratio > CHECKED_DP_COMM:
         out.append(f"data-parallel communication {ratio:.2f}x the compute it hides behind (checked runs: <= "
-                   f"{CHECKED_DP_COMM}x; GPT-3 175B ZeRO-3 on 1,536 A100s, 1.1x, ran 3.4x slower than predicted)")
+                   f"{CHECKED_DP_COMM}x; GPT-3 175B ZeRO-3 on 1,536 A100s, 1.1x, ran 3.7x slower than predicted)")
     sharded = (L.engine == "fsdp2" and L.dp_shard > 1) or (L.engine == "deepspeed" and L.zero == 3)
     if sharded and L.tp == L.pp == 1 and L.dp > CHECKED_SHARDED_DP:
         out.append(f"sharded data parallelism over {L.dp} GPUs without TP or PP (holds up to {CHECKED_SHARDED_DP}; "

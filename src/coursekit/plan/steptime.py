@@ -229,10 +229,11 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
                                              elementwise=elementwise)
     tp_s, cp_s = _tp_cp_time(shape, L, links, t=t, seq=seq, act=act, sp=sp, a_fwd=a_fwd, a_bwd=a_bwd,
                              rc_frac=rc_frac)
-    tp_hidden = 0.0
+    tp_slowed = 0.0  # per layer and micro-batch: what the pipelined TP collectives cost the GEMMs beside them
     if ov.get("tp"):  # each collective pipelined with its GEMM in tp chunks: the first chunk, or what the GEMMs leave
-        tp_s, tp_hidden = max(tp_s / tp, tp_s - hw.overlap * gemms), tp_s
-        tp_hidden -= tp_s
+        shown = max(tp_s / tp, tp_s - hw.overlap * gemms)
+        tp_slowed = _stretch(tp_s, shown, hw.overlap * gemms, hw.overlap_slowdown)
+        tp_s = shown
 
     # one micro-batch on the busiest (last) stage
     h, V = shape.hidden, shape.vocab
@@ -245,7 +246,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
         pp_s = links.p2p(p2p_bytes, "pp", 2 * v)
 
     dp_axes = DERIVED["loss"]  # dp x cp: CP ranks hold the same weights, so gradients reduce over them too
-    stage_params, fsdp_mb, step_dp, host_mb, dp_comm = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
+    stage_params, fsdp_mb, step_dp, host_mb, dp_comm, dp_slowed = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
                                                              stage_layers=stage_layers, compute_mb=compute_mb,
                                                              dp_axes=dp_axes, ov=ov)
     ep_s = 0.0
@@ -260,8 +261,7 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
     exposed_dp = m * fsdp_mb + step_dp
     # compute beside a hidden collective runs slower (its kernels hold SMs and HBM bandwidth): the hidden part of the
     # data-parallel and pipelined-TP collectives stretches the step once (a pipeline's bubble is not stretched by it)
-    hidden = max(0.0, dp_comm - exposed_dp) + m * stage_layers * tp_hidden
-    interference = hw.overlap_slowdown / (1 + hw.overlap_slowdown) * hidden
+    interference = dp_slowed + m * stage_layers * tp_slowed
     step = m * mb_time + bubble + step_dp + tp_step + opt + interference
 
     tokens = global_batch * seq
@@ -400,13 +400,28 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd, rc_frac=1.0) 
     return tp_s, cp_s
 
 
+def _stretch(comm: float, exposed: float, window: float, slowdown: float) -> float:
+    """Step time added when ``comm`` seconds of collectives (``exposed`` of them already in the step) run beside
+    ``window`` seconds of compute, which runs (1 + slowdown) slower beside them (``Hardware.overlap_slowdown``).
+    While the window outlasts them, the hidden part's compute falls behind by hidden x s / (1 + s); once they outlast
+    it (the step already waits for them), only what of the slowed compute outlasts them: window - comm / (1 + s)."""
+    hidden = comm - exposed
+    if hidden <= 0:
+        return 0.0
+    if comm <= window:
+        return hidden * slowdown / (1 + slowdown)
+    return max(0.0, window - comm / (1 + slowdown))
+
+
 def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb, dp_axes, ov):
     """Data parallel: (stage parameters, exposed per micro-batch (sharded engines), exposed per step, host work per
-    micro-batch left after overlap, the collectives' whole time per step before overlap)."""
+    micro-batch left after overlap, the collectives' whole time per step before overlap, what their hidden part
+    costs the compute beside it per step)."""
     tp, cp = L.tp, L.cp
     per_layer, first, last, _ = shape.local_params(tp, L.ep)
     stage_params = stage_layers * per_layer + max(first, last)
-    fsdp_mb = step_dp = whole = 0.0
+    fsdp_mb = step_dp = whole = slowed = 0.0
+    s = hw.overlap_slowdown
     # host work beyond the eager per-op cost: DTensor dispatch of TP layers, ZeRO-3's hooks (below)
     host_mb = 0.0
     if tp > 1:
@@ -433,6 +448,7 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
         whole = m * comm
         first_last = gather / n_gather + reduce / n_reduce  # the first unit's gather + the last unit's reduce
         fsdp_mb = max(first_last, comm - hw.overlap * compute_mb) if ov["prefetch"] else comm
+        slowed = m * _stretch(comm, fsdp_mb, hw.overlap * compute_mb, s)
     elif L.dp * cp > 1:
         grad_b = stage_params * gbytes
         bucket = min(grad_b, DDP_BUCKET if L.engine == "ddp" else DS_BUCKET * gbytes)
@@ -440,18 +456,22 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
         n_red = math.ceil(grad_b / bucket)  # one collective per bucket: NCCL's latency paid per call
         red = links.time(op, grad_b / n_red, dp_axes, n_red)
         exposed_red = max(red / n_red, red - bwd_window) if ov["grad_reduce"] else red  # >= the last bucket
+        n_red_calls = m if L.zero == 2 else 1  # ZeRO-2 reduces every micro-batch
+        slowed = n_red_calls * _stretch(red, exposed_red, bwd_window, s)
         if L.zero == 0:
             step_dp, whole = exposed_red, red
         else:  # ZeRO-1/2 all-gather the updated parameters after the step (allgather_bucket_size buckets); ZeRO-2
             # reduces every micro-batch
             n_gath = math.ceil(stage_params / DS_BUCKET)
             gath = links.time("all_gather", stage_params * pbytes / n_gath, dp_axes, n_gath)
-            whole = (m if L.zero == 2 else 1) * red + gath
+            whole = n_red_calls * red + gath
             if ov["param_gather"]:  # bucket by bucket behind the next step's first forward: at least one bucket
-                gath = max(gath / n_gath, gath - hw.overlap * compute_mb / 3)
-            step_dp = (m if L.zero == 2 else 1) * exposed_red + gath
+                shown = max(gath / n_gath, gath - hw.overlap * compute_mb / 3)
+                slowed += _stretch(gath, shown, hw.overlap * compute_mb / 3, s)
+                gath = shown
+            step_dp = n_red_calls * exposed_red + gath
     host_mb = max(0.0, host_mb - hw.overlap * compute_mb)  # host work hides only behind the device's compute
-    return stage_params, fsdp_mb, step_dp, host_mb, whole
+    return stage_params, fsdp_mb, step_dp, host_mb, whole, slowed
 
 
 def _optimizer_time(shape, L, hw, *, stage_params, stage_layers) -> float:
