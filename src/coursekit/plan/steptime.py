@@ -53,6 +53,10 @@ which it assumed):
   * optimizer: memory-bound over this rank's parameter shard (OPT_BYTES per parameter).
   * FSDP2 gathers per block (forward, and again for backward), reduce-scatters per block; ZeRO-3 fetches per module
     (one parameter tensor each in these models), forward and backward, and reduce-scatters per bucket.
+  * hidden is not free: compute beside a collective runs (1 + Hardware.overlap_slowdown) slower (its kernels hold SMs
+    and HBM bandwidth), so each engine's hidden data-parallel and async-TP communication adds to the step what of
+    the slowed compute outlasts it (``_stretch``: hidden x s / (1 + s) inside the window; window - comm / (1 + s),
+    never below 0, once the collectives outlast it): ``interference_s``.
 
 Host work beyond the eager per-op cost (hidden only behind overlap x the device compute; on a CPU all of it):
   * DTensor dispatch: a TP layer's forward + backward runs DTENSOR_OPS_TP_LAYER ops with DTensor arguments
@@ -246,9 +250,9 @@ def predict(shape, layout: Layout, cluster: Cluster, *, seq: int, global_batch: 
         pp_s = links.p2p(p2p_bytes, "pp", 2 * v)
 
     dp_axes = DERIVED["loss"]  # dp x cp: CP ranks hold the same weights, so gradients reduce over them too
-    stage_params, fsdp_mb, step_dp, host_mb, dp_comm, dp_slowed = _data_parallel(shape, L, hw, links, m=m, act=act, sp=sp,
-                                                             stage_layers=stage_layers, compute_mb=compute_mb,
-                                                             dp_axes=dp_axes, ov=ov)
+    stage_params, fsdp_mb, step_dp, host_mb, dp_comm, dp_slowed = _data_parallel(
+        shape, L, hw, links, m=m, act=act, sp=sp, stage_layers=stage_layers, compute_mb=compute_mb, dp_axes=dp_axes,
+        ov=ov)
     ep_s = 0.0
     if shape.is_moe and L.ep > 1:  # dispatch + combine, forward and backward: 4 all-to-alls of t·k rows per layer
         ep_s = 4 * links.time("all_to_all", t / tp * shape.top_k * h * act, ("ep",))  # TP ranks: t/tp tokens each
@@ -456,7 +460,7 @@ def _data_parallel(shape, L, hw, links, *, m, act, sp, stage_layers, compute_mb,
         n_red = math.ceil(grad_b / bucket)  # one collective per bucket: NCCL's latency paid per call
         red = links.time(op, grad_b / n_red, dp_axes, n_red)
         exposed_red = max(red / n_red, red - bwd_window) if ov["grad_reduce"] else red  # >= the last bucket
-        n_red_calls = m if L.zero == 2 else 1  # ZeRO-2 reduces every micro-batch
+        n_red_calls = m if L.zero == 2 else 1
         slowed = n_red_calls * _stretch(red, exposed_red, bwd_window, s)
         if L.zero == 0:
             step_dp, whole = exposed_red, red
