@@ -426,6 +426,7 @@ def test_a_full_gpt2_config():
     ({"model_type": "t5"}, "unsupported model_type 't5'; supported: llama, mistral, qwen2, qwen3, mixtral, "
                            "qwen3_moe, gpt2"),
     ({}, "unsupported model_type None; supported: llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, gpt2"),
+    ({"model_type": ["llama"]}, "model_type must be a string, got list ['llama']"),  # was a TypeError (unhashable)
 ])
 def test_config_refusals(cfg, message):
     with pytest.raises(ConfigError) as e:

@@ -354,6 +354,8 @@ def from_hf_config(config: str | Path | dict, *, name: str | None = None) -> Mod
     else:
         raise ConfigError(f"expected a path or a dict, got {type(config).__name__}")
     mt = cfg.get("model_type")
+    if mt is not None and not isinstance(mt, str):
+        raise ConfigError(f"model_type must be a string, got {type(mt).__name__} {mt!r}")
     try:
         if mt in FAMILIES and FAMILIES[mt] == "llama":
             return _from_llama(cfg, name or mt)
