@@ -243,6 +243,11 @@ def test_min_gpus_never_goes_past_max_gpus(stub):
         min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=2, max_gpus=3)
     stub.cap = 1000  # dp 1 fits: the 8 GPUs of one replica
     assert min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=8, max_gpus=8).config.world == 8
+    # one replica past the limit, even where dp 1 fits: refused, not answered with 8 GPUs under a 7-GPU limit
+    stub.calls.clear()
+    with pytest.raises(ConfigError, match=r"^one replica \(tp 8 x pp 1 x cp 1 = 8 GPUs\) is past max_gpus 7$"):
+        min_gpus("rope", "H100-80GB", batch=1, seq=8, zero=3, tp=8, max_gpus=7)
+    assert stub.calls == []  # refused before any estimate
 
 
 def test_min_gpus_refuses_what_dp_does_not_shard(stub):

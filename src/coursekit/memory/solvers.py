@@ -81,6 +81,9 @@ def min_gpus(model, gpu: str | None = None, *, max_gpus: int = 1 << 16, **kwargs
     cfg = replace(base, dp=base.hsdp_shard or 1, world=None)
     cap = _capacity(cfg, gpu)
     per_replica = cfg.tp * cfg.pp * cfg.cp
+    if per_replica > max_gpus:  # not even one replica: no dp answers (dp 1 fitting would still be past the limit)
+        raise ConfigError(f"one replica (tp {cfg.tp} x pp {cfg.pp} x cp {cfg.cp} = {per_replica} GPUs) is past "
+                          f"max_gpus {max_gpus}")
     max_dp = max(1, max_gpus // per_replica)
     if (e := _fits(shape, cfg, cap)) is not None:
         return e
