@@ -299,6 +299,8 @@ def plan(model, *, gpus: int, gpus_per_node: int = 8, gpu="H100-80GB", network="
             stub = replace(stub, overlap=applicable(wanted, stub))
         if any(getattr(stub, k) != v for k, v in fixed.items() if k not in ("micro_batch", "recompute")):
             continue
+        # ring and Ulysses share a key: layouts_of yields ring first, and Ulysses holds more at the same degrees
+        # (tests/test_plan.py), so a ring stub that does not fit rules out its Ulysses twin
         key = (stub.tp, stub.cp, stub.pp, stub.strategy, stub.dp_shard, stub.virtual_stages, stub.ep)
         if key in skipped:
             continue
