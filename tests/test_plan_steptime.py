@@ -789,3 +789,43 @@ def test_hidden_gradient_buckets_and_parameter_gathers_slow_the_compute_too():
     assert plain.interference_s == pytest.approx(0.2 * reduce / 2, rel=1e-9)
     shown = predict(huge, Layout(**z, overlap="param_gather"), cluster(2, hw), seq=SEQ, global_batch=16)
     assert shown.interference_s == pytest.approx(0.2 * (reduce / 2 + gather / 2), rel=1e-9)
+
+
+def test_collectives_that_outlast_their_window_cost_only_the_slowed_compute_beyond_them():
+    """s = 0.25 (1 / (1 + s) = 0.8). FSDP2 on links slow enough that one micro-batch's 8 gathers and 4 reduce-
+    scatters (3/16 of them the first gather and last reduce) take r x its compute (overlap 1: the window): r = 1.1,
+    the first and last exposed and the rest (0.894x) inside the window: 0.2 x that; r = 1.24, the window full
+    (0.24x exposed) and the compute slowed beside them ends 1 - 1.24 x 0.8 = 0.008x after them; r = 1.3, under them
+    (0). ZeRO-1's parameter gather of the 4-layer h 4096 model in 2 buckets at g x the next forward's third: g = 1.8,
+    one bucket exposed (0.9x), 0.9x hidden inside the window: 0.2 x 0.9x; g = 2.2, the window full: 1 - 1.76 < 0.
+    With nothing hidden (prefetch off) nothing is charged, outlasting or not."""
+    assert steptime._stretch(11.0, 11.0, 10.0, 0.25) == 0.0  # all exposed: no compute beside it
+    assert steptime._stretch(11.0, 2.0, 10.0, 0.25) == pytest.approx(0.2 * 9.0)  # 9 s hidden inside 10 s
+    assert steptime._stretch(12.0, 2.0, 10.0, 0.25) == pytest.approx(10.0 - 12.0 * 0.8)  # 10 s hidden: full
+    hw = replace(TOY, overlap_slowdown=0.25)
+    L = Layout(dp_shard=2, engine="fsdp2", micro_batch=MB)
+    mb = predict(SHAPE, L, cluster(2, hw), seq=SEQ, global_batch=16).compute_s / 2  # one micro-batch's compute
+    for r in (1.1, 1.24, 1.3):
+        bw = 16 * PER_LAYER / (r * mb - 12 * ALPHA)  # 8 gathers of 2 x P x 0.5 B + 4 reduces of 4 x P x 0.5 B
+        comm, first_last = 12 * ALPHA + 16 * PER_LAYER / bw, 2 * ALPHA + 3 * PER_LAYER / bw  # = r x mb; 1 + 1 of them
+        exposed = max(first_last, comm - mb)
+        extra = {1.1: 0.2 * (comm - first_last), 1.24: mb - comm * 0.8, 1.3: 0.0}[r]
+        assert (exposed == first_last) == (r == 1.1) and (extra > 0) == (r < 1.3)  # each branch, each sign
+        link = replace(hw, collectives={op: (ALPHA, bw) for op in TOY.collectives})
+        p = predict(SHAPE, L, cluster(2, link), seq=SEQ, global_batch=16)
+        assert p.dp_comm_s == pytest.approx(2 * r * mb, rel=1e-9)
+        assert p.exposed_s["dp"] == pytest.approx(2 * exposed, rel=1e-9), r
+        assert p.interference_s == pytest.approx(2 * extra, rel=1e-9, abs=1e-15), r
+        off = predict(SHAPE, replace(L, overlap="no-prefetch"), cluster(2, link), seq=SEQ, global_batch=16)
+        assert off.interference_s == 0.0
+    huge = ModelShape(arch="llama", layers=4, hidden=4096, heads=32, kv_heads=32, ffn=8192, vocab=256,
+                      max_positions=512)
+    n = 672174080
+    z = Layout(dp_replicate=2, engine="deepspeed", zero=1, micro_batch=MB, overlap="param_gather")
+    window = predict(huge, z, cluster(2, hw), seq=SEQ, global_batch=16).compute_s / 2 / 3
+    reduce = call(0.5, n * 4 / 2, 2)  # the gradients' 2 DeepSpeed buckets, the first hidden behind backward
+    for g, extra in ((1.8, 0.2 * 0.9), (2.2, 0.0)):
+        bw = n * 2 * 0.5 / (g * window - 2 * ALPHA)  # 2 all-gathers of half the bf16 parameters: g x the window
+        gat = replace(hw, collectives={**TOY.collectives, "all_gather": (ALPHA, bw)})
+        p = predict(huge, z, cluster(2, gat), seq=SEQ, global_batch=16)
+        assert p.interference_s == pytest.approx(0.2 * reduce / 2 + extra * window, rel=1e-9), g

@@ -407,12 +407,13 @@ def _tp_cp_time(shape, L, links, *, t, seq, act, sp, a_fwd, a_bwd, rc_frac=1.0) 
 def _stretch(comm: float, exposed: float, window: float, slowdown: float) -> float:
     """Step time added when ``comm`` seconds of collectives (``exposed`` of them already in the step) run beside
     ``window`` seconds of compute, which runs (1 + slowdown) slower beside them (``Hardware.overlap_slowdown``).
-    While the window outlasts them, the hidden part's compute falls behind by hidden x s / (1 + s); once they outlast
-    it (the step already waits for them), only what of the slowed compute outlasts them: window - comm / (1 + s)."""
+    While the window outlasts their hidden part, its compute falls behind by hidden x s / (1 + s); once they fill the
+    window (the step already waits for them beyond it), only what of the slowed compute outlasts them:
+    window - comm / (1 + s), never below 0."""
     hidden = comm - exposed
     if hidden <= 0:
         return 0.0
-    if comm <= window:
+    if exposed > comm - window:  # exposed is what the window's edges leave (first / last), not what overflows it
         return hidden * slowdown / (1 + slowdown)
     return max(0.0, window - comm / (1 + slowdown))
 
