@@ -150,3 +150,21 @@ def test_coursekit_train_checks_a_run_before_launch_without_torch():
                          env={**os.environ, "COURSEKIT_DEVICE": "cpu"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"the checks before launch pulled in {out.stdout.strip()}"
+
+
+def test_the_trainers_preloaded_modules_are_what_its_run_imports():
+    """``coursekit.train.loop.RUN_MODULES`` (imported by torchrun's agent before it forks the workers) names the
+    coursekit modules ``run`` imports inside: a new local import left out of it would be imported after the fork by
+    every worker (slower, silently), one dropped from ``run`` would be preloaded for nothing."""
+    import ast
+    import inspect
+
+    from coursekit.train import loop
+
+    names = set()
+    for node in ast.walk(ast.parse(inspect.getsource(loop.run))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("coursekit"):
+            names |= ({f"coursekit.{a.name}" for a in node.names} if node.module == "coursekit" else {node.module})
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith("coursekit")}
+    assert names == set(loop.RUN_MODULES), names ^ set(loop.RUN_MODULES)
