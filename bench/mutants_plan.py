@@ -194,20 +194,20 @@ MARKED: dict[str, dict[str, str]] = {
         "x_predict__mutmut_39": "sp = L.sp and tp >= 1: with tp 1 every use of sp is a no-op (E_H / tp with tp 1, "
                                 "TP collectives over a 1-rank group cost 0, the PP send divides by tp = 1, host DTensor "
                                 "work and the tp overlap need tp > 1)",
-        "x_predict__mutmut_162": _DEG1.format("the PP send's pp > 1", "nothing else is computed"),
-        "x_predict__mutmut_169": "the PP send's divisor (sp or tp > 1) -> True: divides by tp, and when neither holds "
+        "x_predict__mutmut_171": _DEG1.format("the PP send's pp > 1", "nothing else is computed"),
+        "x_predict__mutmut_178": "the PP send's divisor (sp or tp > 1) -> True: divides by tp, and when neither holds "
                                  "tp is 1",
-        "x_predict__mutmut_171": "the PP send's divisor tp > 1 -> tp >= 1: divides by tp, which is then 1",
-        "x_predict__mutmut_214": _DEG1.format("the MoE all-to-all's ep > 1", "exposed_s' 'ep' key has its own ep > 1"),
-        "x_predict__mutmut_243": "bubble's pp > 1 -> True: (pp - 1) / v x mb_time is 0 at pp 1",
-        "x_predict__mutmut_248": "bubble's pp > 1 -> pp >= 1: (pp - 1) / v x mb_time is 0 at pp 1",
-        "x_predict__mutmut_272": "the loss all-reduce's calls argument 1 dropped: Links.time's default is 1",
-        "x_predict__mutmut_341": "hflops' recompute == 'full' and rc_frac < 1 -> or: rc_frac < 1 needs recompute_layers, "
+        "x_predict__mutmut_180": "the PP send's divisor tp > 1 -> tp >= 1: divides by tp, which is then 1",
+        "x_predict__mutmut_223": _DEG1.format("the MoE all-to-all's ep > 1", "exposed_s' 'ep' key has its own ep > 1"),
+        "x_predict__mutmut_252": "bubble's pp > 1 -> True: (pp - 1) / v x mb_time is 0 at pp 1",
+        "x_predict__mutmut_257": "bubble's pp > 1 -> pp >= 1: (pp - 1) / v x mb_time is 0 at pp 1",
+        "x_predict__mutmut_281": "the loss all-reduce's calls argument 1 dropped: Links.time's default is 1",
+        "x_predict__mutmut_339": "hflops' recompute == 'full' and rc_frac < 1 -> or: rc_frac < 1 needs recompute_layers, "
                                  "which Layout accepts only with recompute full",
-        "x_predict__mutmut_345": "hflops' rc_frac < 1 -> <= 1: at rc_frac 1, mflops + 1.0 x (hflops - mflops) is "
+        "x_predict__mutmut_343": "hflops' rc_frac < 1 -> <= 1: at rc_frac 1, mflops + 1.0 x (hflops - mflops) is "
                                  "hflops exactly (full recompute adds one forward: mflops <= hflops <= 2 mflops, so "
                                  "the difference is exact by Sterbenz's lemma, and so is the sum)",
-        "x_predict__mutmut_346": "hflops' rc_frac < 1 -> < 2: rc_frac is min(1.0, ...), so as <= 1 (mutmut_345)",
+        "x_predict__mutmut_344": "hflops' rc_frac < 1 -> < 2: rc_frac is min(1.0, ...), so as <= 1 (mutmut_343)",
         "x__moe_tp_reduce__mutmut_3": _DEG1.format("the MoE TP gradient sum's tp > 1", "nothing else is computed"),
         "x__layer_time__mutmut_12": _KV.format("condition kv >= tp -> True (max(1, kv // tp) is 1 for kv < tp too)"),
         "x__layer_time__mutmut_18": _KV.format("kv // tp -> kv / tp"),
@@ -223,9 +223,11 @@ MARKED: dict[str, dict[str, str]] = {
         "x__tp_cp_time__mutmut_14": _KV.format("kv >= tp -> kv > tp"),
         "x__tp_cp_time__mutmut_138": "cp > 1 -> cp >= 1: at cp 1 the ring's p2p sends 0 calls (cp - 1) and returns 0, "
                                      "max(0, 0 - a) is 0, Ulysses' all-to-alls over a 1-rank group cost 0",
-        "x__data_parallel__mutmut_99": _DEG1.format("HSDP's replica all-reduce dp_replicate > 1",
+        "x__stretch__mutmut_3": "hidden <= 0 -> < 0: at hidden 0 both branches return 0 (0 x s / (1 + s); with a "
+                                "window <= 0, max(0, window - comm / (1 + s)) = 0)",
+        "x__data_parallel__mutmut_100": _DEG1.format("HSDP's replica all-reduce dp_replicate > 1",
                                                     "nothing else is computed"),
-        "x__data_parallel__mutmut_140": "DDP / ZeRO-1/2's dp x cp > 1 -> >= 1: at 1 every reduce and gather is over a "
+        "x__data_parallel__mutmut_152": "DDP / ZeRO-1/2's dp x cp > 1 -> >= 1: at 1 every reduce and gather is over a "
                                         "1-rank group (0 s), max(0, 0 - window) is 0: step_dp stays 0",
         "x__optimizer_time__mutmut_13": "the expert slices' ep > 1 -> >= 1: at ep 1 they add (ep - 1) x ... = 0",
         "x__optimizer_time__mutmut_23": "expert params // ep -> / ep: the planner prices only MoE layouts the "
