@@ -64,7 +64,9 @@ class Hardware:
     overlap_slowdown: float = OVERLAP_SLOWDOWN
     """How much slower compute runs while a collective runs beside it: the collective's kernels hold SMs (an
     all-gather launched 24 CTAs on an H100's 132 SMs) and HBM bandwidth. Each hidden second of communication
-    stretches the step by ``overlap_slowdown / (1 + overlap_slowdown)`` s (``steptime``: ``interference_s``)."""
+    stretches the step by ``overlap_slowdown / (1 + overlap_slowdown)`` s while the compute window outlasts it, and
+    by what of the slowed compute outlasts the collectives once they fill it (``steptime._stretch``;
+    ``interference_s``)."""
     optimizer_ops_per_tensor: int = 0
     """Optimizer kernels per parameter tensor beyond the memory-bound term (0: fused / multi-tensor kernels on GPUs;
     torch's single-tensor AdamW loop on a CPU runs about 10 per tensor)."""
